@@ -1,0 +1,226 @@
+"""Jobs, their options, and the run context handed to handlers.
+
+Everything here is a value: validated when it is built, so a bad declaration
+fails at import time with a message naming the problem, and nothing is
+half-registered.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from .errors import ConfigurationError, LeaseLost
+from .schedules import Schedule
+
+#: Defaults of every job option, in seconds (``renew`` defaults to lease / 3,
+#: ``catch_up`` to one interval capped at one hour).
+DEFAULT_LEASE = 10.0
+DEFAULT_JITTER = 1.0
+DEFAULT_WATCH = 0.5
+MAX_DEFAULT_CATCH_UP = 3600.0
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(name: str, value: float | int | str | timedelta) -> float:
+    """Seconds from a number, a :class:`timedelta` or a string like ``"30s"``, ``"1h"``."""
+    if isinstance(value, bool):
+        raise ConfigurationError(f"{name}={value!r}: expected a duration, not a bool")
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, (int, float)):
+        seconds = float(value)
+    elif isinstance(value, str):
+        match = _DURATION.match(value)
+        if not match:
+            raise ConfigurationError(
+                f"{name}={value!r}: expected a duration such as 10, '30s', '5m', '1h' or '2d'"
+            )
+        seconds = float(match.group(1)) * _UNITS[match.group(2) or "s"]
+    else:
+        raise ConfigurationError(f"{name}={value!r}: expected a duration in seconds")
+    if seconds != seconds or seconds < 0 or seconds == float("inf"):
+        raise ConfigurationError(f"{name}={value!r}: a duration must be finite and not negative")
+    return seconds
+
+
+Duration = float | int | str | timedelta
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    """Lease and timing options of one job, in seconds, validated together.
+
+    ``lease``: how long a claim holds without renewal. ``renew``: how often the
+    runner renews it (default ``lease / 3``; the lease must cover at least three
+    renewals). ``jitter``: the upper bound of the random delay before claiming
+    (default 1 s; always capped at a tenth of the interval; an explicit jitter
+    as long as the interval is an error). ``catch_up``: how late a slot may still
+    be claimed, notably after every instance was down (default: one interval,
+    at most an hour; 0 turns catch-up off). ``watch``: how often backups check
+    a running slot's lease, which bounds how long a hand-over takes.
+    """
+
+    lease: float = DEFAULT_LEASE
+    renew: float | None = None
+    jitter: float | None = None
+    catch_up: float | None = None
+    watch: float = DEFAULT_WATCH
+
+    def __post_init__(self) -> None:
+        if self.lease <= 0:
+            raise ConfigurationError(f"lease={self.lease:g}: the lease must be positive")
+        if self.renew is not None:
+            if self.renew <= 0:
+                raise ConfigurationError(f"renew={self.renew:g}: must be positive")
+            if self.lease < 3 * self.renew:
+                raise ConfigurationError(
+                    f"lease={self.lease:g} is shorter than 3 renewals (renew={self.renew:g}):"
+                    " a single delayed renewal would lose the lease"
+                )
+        if self.watch <= 0:
+            raise ConfigurationError(f"watch={self.watch:g}: must be positive")
+
+    @property
+    def renew_every(self) -> float:
+        return self.renew if self.renew is not None else self.lease / 3
+
+    @classmethod
+    def build(cls, **values: Duration | None) -> JobOptions:
+        """Options from user input (numbers, timedeltas or strings); ``None`` keeps the default."""
+        parsed = {k: parse_duration(k, v) for k, v in values.items() if v is not None}
+        return cls(**parsed)
+
+    def merged(self, **values: Duration | None) -> JobOptions:
+        """These options with some replaced (``None`` keeps the current value)."""
+        current = {
+            "lease": self.lease,
+            "renew": self.renew,
+            "jitter": self.jitter,
+            "catch_up": self.catch_up,
+            "watch": self.watch,
+        }
+        current.update({k: parse_duration(k, v) for k, v in values.items() if v is not None})
+        return JobOptions(**current)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Job:
+    """A named periodic task: schedule, handler and options."""
+
+    name: str
+    handler: Callable[..., Any]
+    schedule: Schedule
+    options: JobOptions = field(default_factory=JobOptions)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise ConfigurationError(f"job name {self.name!r}: must be a non-empty string")
+        if len(self.name) > 200:
+            raise ConfigurationError(f"job name {self.name[:40]!r}...: longer than 200 characters")
+        if not callable(self.handler):
+            raise ConfigurationError(f"job {self.name!r}: handler {self.handler!r} is not callable")
+        interval = self.schedule.min_interval.total_seconds()
+        if self.options.jitter is not None and self.options.jitter >= interval:
+            raise ConfigurationError(
+                f"job {self.name!r}: jitter={self.options.jitter:g}s is not shorter than the"
+                f" interval ({interval:g}s)"
+            )
+
+    @property
+    def jitter(self) -> float:
+        """The effective jitter bound: never more than a tenth of the interval."""
+        configured = DEFAULT_JITTER if self.options.jitter is None else self.options.jitter
+        return min(configured, self.schedule.min_interval.total_seconds() / 10)
+
+    @property
+    def catch_up(self) -> float:
+        """How late (seconds) a slot may still be claimed."""
+        if self.options.catch_up is not None:
+            return self.options.catch_up
+        return min(self.schedule.min_interval.total_seconds(), MAX_DEFAULT_CATCH_UP)
+
+    @property
+    def takes_run(self) -> bool:
+        """Whether the handler accepts the :class:`Run` argument."""
+        try:
+            params = inspect.signature(self.handler).parameters.values()
+        except (TypeError, ValueError):
+            return True
+        return any(
+            p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL) for p in params
+        )
+
+
+class Run:
+    """What a handler knows about the run it is executing.
+
+    ``job``, ``slot`` (aware UTC datetime), ``slot_id`` (``"job@unix_ms"``, a
+    natural idempotency key), ``attempt`` (1, then +1 per takeover), ``token``
+    (a fencing value that rises with every claim and takeover of the job) and
+    ``instance`` (who runs it). ``lost`` turns true when this instance no
+    longer holds the lease; :meth:`check` raises :class:`LeaseLost` then.
+    """
+
+    __slots__ = ("_lost", "_reason", "attempt", "instance", "job", "slot", "slot_id", "token")
+
+    def __init__(
+        self, *, job: str, slot: datetime, slot_id: str, attempt: int, token: int, instance: str
+    ) -> None:
+        self.job = job
+        self.slot = slot
+        self.slot_id = slot_id
+        self.attempt = attempt
+        self.token = token
+        self.instance = instance
+        self._lost = threading.Event()
+        self._reason = ""
+
+    @property
+    def lost(self) -> bool:
+        """True once the lease is lost (taken over, lapsed, or handed over)."""
+        return self._lost.is_set()
+
+    @property
+    def lost_reason(self) -> str:
+        return self._reason
+
+    def check(self) -> None:
+        """Raise :class:`LeaseLost` if this instance no longer holds the run."""
+        if self._lost.is_set():
+            raise LeaseLost(f"{self.slot_id} attempt {self.attempt}: {self._reason}")
+
+    def _lose(self, reason: str) -> bool:
+        """Mark the run lost; return False if it already was."""
+        if self._lost.is_set():
+            return False
+        self._reason = reason
+        self._lost.set()
+        return True
+
+    def __repr__(self) -> str:
+        return f"<Run {self.slot_id} attempt={self.attempt} token={self.token}>"
+
+
+@dataclass(frozen=True)
+class Event:
+    """Something the engine did, for listeners, metrics and the demo.
+
+    ``kind`` is one of: ``won``, ``catch_up``, ``taken``, ``overlap``,
+    ``takeover``, ``finished``, ``failed``, ``lost``, ``finish_refused``,
+    ``handed_over``, ``missed``, ``store_unavailable``, ``store_recovered``.
+    """
+
+    kind: str
+    job: str | None
+    slot_id: str | None
+    attempt: int | None
+    instance: str
+    detail: str = ""

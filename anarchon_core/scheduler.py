@@ -1,0 +1,605 @@
+"""The engine: jitter, claim, lease heartbeat, watch, takeover, hand-over, catch-up.
+
+One scheduler runs per instance. All of its store traffic happens in
+:meth:`Scheduler.run_pending`, which does whatever is due at the current time
+and returns how long it may sleep. :meth:`Scheduler.start` calls it from one
+background thread; tests call it directly with a :class:`~anarchon_core.clock.FakeClock`.
+Handlers run in their own threads and report back through a queue.
+
+Per job, an instance is in at most one of three roles for a slot:
+
+- **claimant**: the slot's time (plus this instance's jitter) has come; the
+  claim is sent in one batch with every other job due at the same moment;
+- **runner**: it won; it renews the lease every ``renew`` seconds and
+  finishes the run when the handler returns;
+- **backup**: it lost to a runner; it checks the lease every ``watch``
+  seconds and takes the slot over (compare-and-set on the token) once the
+  lease lapsed or was released.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import os
+import queue
+import random
+import signal
+import socket
+import threading
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any, TypeVar
+
+from .clock import Clock, SystemClock
+from .errors import ConfigurationError, StoreUnavailable
+from .jobs import Duration, Event, Job, JobOptions, Run
+from .schedules import from_ms, make_schedule, slot_id, to_ms
+from .store import Claim, ClaimRequest, ClaimStatus, JobState, RunState, Store
+
+log = logging.getLogger(__name__)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: How far past its time (beyond jitter) a slot still counts as on time.
+ON_TIME = 1.0
+#: Back-off after a store error, doubling up to the maximum.
+BACKOFF_MIN, BACKOFF_MAX = 0.1, 2.0
+#: The longest the loop sleeps, so that wall-clock jumps are noticed.
+MAX_SLEEP = 1.0
+
+_LEVELS = {
+    "won": logging.DEBUG,
+    "taken": logging.DEBUG,
+    "finished": logging.DEBUG,
+    "catch_up": logging.INFO,
+    "overlap": logging.INFO,
+    "takeover": logging.INFO,
+    "handed_over": logging.INFO,
+    "store_recovered": logging.INFO,
+    "failed": logging.WARNING,
+    "lost": logging.WARNING,
+    "finish_refused": logging.WARNING,
+    "missed": logging.WARNING,
+    "store_unavailable": logging.WARNING,
+}
+
+
+def default_instance() -> str:
+    """``host:pid:random``: unique per process, readable in ``anarchon status``."""
+    return f"{socket.gethostname()}:{os.getpid()}:{random.getrandbits(16):04x}"
+
+
+@dataclass
+class _Active:
+    """A run this instance holds."""
+
+    run: Run
+    next_renew: float
+    last_renewed: float
+
+
+@dataclass
+class _Watch:
+    """A slot this instance backs up."""
+
+    slot_ms: int
+    token: int
+    next_check: float
+
+
+class _Runtime:
+    """Per-job state of this instance."""
+
+    __slots__ = ("active", "claim_at", "job", "next_slot", "ready", "watch")
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+        self.next_slot: datetime | None = None
+        self.claim_at = 0.0
+        self.watch: _Watch | None = None
+        self.active: _Active | None = None
+        self.ready = False
+
+
+class Scheduler:
+    """Runs each slot of each job on exactly one of the instances sharing ``store``.
+
+    ``store`` is a :class:`~anarchon_core.store.Store` or a URL
+    (``sqlite:///jobs.db``, ``redis://...``; see :func:`anarchon_core.open_store`).
+    ``lease``, ``renew``, ``jitter``, ``catch_up`` and ``watch`` are the defaults
+    of every job (see :class:`~anarchon_core.jobs.JobOptions`); each job may
+    override them. ``listener`` receives every :class:`~anarchon_core.Event`.
+    """
+
+    def __init__(
+        self,
+        store: Store | str,
+        *,
+        namespace: str | None = None,
+        instance: str | None = None,
+        lease: Duration | None = None,
+        renew: Duration | None = None,
+        jitter: Duration | None = None,
+        catch_up: Duration | None = None,
+        watch: Duration | None = None,
+        clock: Clock | None = None,
+        seed: int | None = None,
+        listener: Callable[[Event], None] | None = None,
+    ) -> None:
+        self._defaults = JobOptions.build(
+            lease=lease, renew=renew, jitter=jitter, catch_up=catch_up, watch=watch
+        )
+        if isinstance(store, str):
+            from .urls import open_store
+
+            self.store = open_store(store, namespace=namespace or "default")
+            self._owns_store = True
+        elif isinstance(store, Store):
+            if namespace is not None and namespace != store.namespace:
+                raise ConfigurationError(
+                    f"namespace={namespace!r} differs from the store's ({store.namespace!r}):"
+                    " set it on the store"
+                )
+            self.store = store
+            self._owns_store = False
+        else:
+            raise ConfigurationError(f"store={store!r}: expected a Store or a store URL")
+        self.namespace = self.store.namespace
+        self.instance = instance or default_instance()
+        self._clock: Clock = clock or SystemClock()
+        self._random = random.Random(seed)
+        self._listeners = [listener] if listener else []
+        self._lock = threading.RLock()
+        self._runtimes: dict[str, _Runtime] = {}
+        self._done: queue.SimpleQueue[tuple[_Runtime, Run, RunState]] = queue.SimpleQueue()
+        self._tick_offsets: dict[int, float] = {}
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._backoff = 0.0
+        self._retry_at = 0.0
+        self._stats: Counter[str] = Counter()
+        self._handler_threads: list[threading.Thread] = []
+
+    # -- declaring jobs -------------------------------------------------
+
+    def job(
+        self,
+        name: str | None = None,
+        *,
+        every: float | int | timedelta | None = None,
+        cron: str | None = None,
+        timezone: str | None = None,
+        anchor: datetime | None = None,
+        lease: Duration | None = None,
+        renew: Duration | None = None,
+        jitter: Duration | None = None,
+        catch_up: Duration | None = None,
+        watch: Duration | None = None,
+    ) -> Callable[[F], F]:
+        """Decorator declaring a job; the name defaults to the function's qualified name."""
+
+        def decorate(handler: F) -> F:
+            self.add_job(
+                handler,
+                name=name,
+                every=every,
+                cron=cron,
+                timezone=timezone,
+                anchor=anchor,
+                lease=lease,
+                renew=renew,
+                jitter=jitter,
+                catch_up=catch_up,
+                watch=watch,
+            )
+            return handler
+
+        return decorate
+
+    def add_job(
+        self,
+        handler: Callable[..., Any],
+        *,
+        name: str | None = None,
+        every: float | int | timedelta | None = None,
+        cron: str | None = None,
+        timezone: str | None = None,
+        anchor: datetime | None = None,
+        lease: Duration | None = None,
+        renew: Duration | None = None,
+        jitter: Duration | None = None,
+        catch_up: Duration | None = None,
+        watch: Duration | None = None,
+    ) -> Job:
+        """Declare a job. Every error is raised before anything is registered."""
+        if name is None:
+            name = str(getattr(handler, "__qualname__", None) or getattr(handler, "__name__", ""))
+        schedule = make_schedule(every=every, cron=cron, timezone=timezone, anchor=anchor)
+        options = self._defaults.merged(
+            lease=lease, renew=renew, jitter=jitter, catch_up=catch_up, watch=watch
+        )
+        job = Job(name=name, handler=handler, schedule=schedule, options=options)
+        with self._lock:
+            if job.name in self._runtimes:
+                raise ConfigurationError(f"duplicate job name {job.name!r}")
+            self._runtimes[job.name] = _Runtime(job)
+        self._wake.set()
+        return job
+
+    def remove_job(self, name: str) -> None:
+        """Stop scheduling ``name``; a run in progress goes on and finishes."""
+        with self._lock:
+            self._runtimes.pop(name)
+
+    @property
+    def jobs(self) -> dict[str, Job]:
+        with self._lock:
+            return {name: rt.job for name, rt in self._runtimes.items()}
+
+    def add_listener(self, listener: Callable[[Event], None]) -> None:
+        self._listeners.append(listener)
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """How many events of each kind this instance has seen (a metric)."""
+        with self._lock:
+            return dict(self._stats)
+
+    def running(self) -> list[Run]:
+        """The runs this instance currently holds."""
+        with self._lock:
+            return [rt.active.run for rt in self._runtimes.values() if rt.active]
+
+    # -- lifecycle ------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the scheduling thread and return at once."""
+        if self._thread is not None:
+            raise RuntimeError("scheduler already started")
+        self._stopping.clear()
+        self._thread = threading.Thread(target=self._loop, name="anarchon-scheduler", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop gracefully: hand every held run over to a backup at once.
+
+        Runs that already returned are finished first. Handlers still running
+        are told (``run.lost``, ``run.check()``) and given up to ``timeout``
+        seconds to return.
+        """
+        self._stopping.set()
+        self._wake.set()
+        thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+        else:
+            self._shutdown()
+        deadline = self._clock.monotonic() + timeout
+        for handler_thread in list(self._handler_threads):
+            handler_thread.join(max(0.0, deadline - self._clock.monotonic()))
+        if self._owns_store:
+            self.store.close()
+
+    def run_forever(self) -> None:
+        """Run until SIGTERM or SIGINT (or :meth:`stop`), then stop gracefully."""
+        stopped = threading.Event()
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, lambda *_: stopped.set())
+        self.start()
+        try:
+            while not stopped.is_set() and not self._stopping.is_set():
+                stopped.wait(0.5)
+        finally:
+            self.stop()
+
+    def _loop(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                delay = self.run_pending()
+            except Exception:  # pragma: no cover - the loop must never die
+                log.exception("anarchon: unexpected error in the scheduling loop")
+                delay = BACKOFF_MAX
+            self._clock.wait(self._wake, min(delay, MAX_SLEEP))
+            self._wake.clear()
+        self._shutdown()
+
+    def _shutdown(self) -> None:
+        self._finish_completed()
+        for rt in self._snapshot():
+            active = rt.active
+            if active is None:
+                continue
+            rt.active = None
+            run = active.run
+            run._lose("handed over during shutdown")
+            try:
+                released = self.store.release(run.job, run.token)
+            except StoreUnavailable as exc:
+                log.warning("anarchon: could not hand %s over: %s", run.slot_id, exc)
+                continue
+            if released:
+                self._emit("handed_over", run.job, run.slot_id, run.attempt)
+
+    # -- the engine -----------------------------------------------------
+
+    def run_pending(self) -> float:
+        """Do everything that is due now; return the seconds until more is due."""
+        now_mono = self._clock.monotonic()
+        if now_mono < self._retry_at:
+            return self._retry_at - now_mono
+        try:
+            self._finish_completed()
+            self._renew(now_mono)
+            self._initialise()
+            self._claim_due()
+            self._check_watches(now_mono)
+        except StoreUnavailable as exc:
+            self._store_failed(exc)
+            return self._backoff
+        if self._backoff:
+            self._backoff = 0.0
+            self._emit("store_recovered", None, None, None)
+        return self._next_delay()
+
+    def _snapshot(self) -> list[_Runtime]:
+        with self._lock:
+            return list(self._runtimes.values())
+
+    def _store_failed(self, exc: StoreUnavailable) -> None:
+        if not self._backoff:
+            self._emit("store_unavailable", None, None, None, str(exc))
+        self._backoff = min(BACKOFF_MAX, max(BACKOFF_MIN, self._backoff * 2))
+        self._retry_at = self._clock.monotonic() + self._backoff
+        # A runner that cannot renew for longer than its lease must give the run up.
+        self._renew(self._clock.monotonic(), reachable=False)
+
+    def _initialise(self) -> None:
+        """Place new jobs on their schedule: catch up, or back up a running slot."""
+        new = [rt for rt in self._snapshot() if not rt.ready]
+        if not new:
+            return
+        states = self.store.states(rt.job.name for rt in new)
+        now = self._now()
+        for rt in new:
+            rt.ready = True
+            previous = rt.job.schedule.latest_at_or_before(now)
+            record = states.get(rt.job.name)
+            rt.next_slot = rt.job.schedule.next_after(now)
+            if record is None or previous is None:
+                # A job never seen before starts with its next slot, not a catch-up.
+                pass
+            elif record.slot_ms == to_ms(previous):
+                self._watch(rt, record)
+            elif record.slot_ms < to_ms(previous) and self._lateness(previous) <= rt.job.catch_up:
+                rt.next_slot = previous
+            self._place(rt)
+
+    def _now(self) -> datetime:
+        return datetime.fromtimestamp(self._clock.time(), timezone.utc)
+
+    def _lateness(self, slot: datetime) -> float:
+        return self._clock.time() - slot.timestamp()
+
+    def _place(self, rt: _Runtime) -> None:
+        """Set when this instance claims ``rt.next_slot``: the slot time plus jitter."""
+        assert rt.next_slot is not None
+        slot_ms = to_ms(rt.next_slot)
+        offset = self._tick_offsets.get(slot_ms)
+        if offset is None:
+            # One draw per slot time, shared by the jobs due then, so they batch.
+            offset = self._tick_offsets[slot_ms] = self._random.random()
+            if len(self._tick_offsets) > 4096:
+                for old in sorted(self._tick_offsets)[:2048]:
+                    del self._tick_offsets[old]
+        rt.claim_at = rt.next_slot.timestamp() + offset * rt.job.jitter
+
+    def _claim_due(self) -> None:
+        now = self._clock.time()
+        due: list[tuple[_Runtime, datetime]] = []
+        for rt in self._snapshot():
+            if rt.next_slot is None or rt.claim_at > now:
+                continue
+            slot = rt.next_slot
+            latest = rt.job.schedule.latest_at_or_before(self._now())
+            if latest is not None and latest > slot:
+                self._emit("missed", rt.job.name, slot_id(rt.job.name, slot), None, "skipped")
+                slot = latest
+            limit = max(rt.job.catch_up, rt.job.jitter + ON_TIME)
+            if now - slot.timestamp() > limit:
+                self._emit("missed", rt.job.name, slot_id(rt.job.name, slot), None, "too late")
+                self._advance(rt, slot)
+                continue
+            due.append((rt, slot))
+        if not due:
+            return
+        requests = [
+            ClaimRequest(rt.job.name, to_ms(slot), rt.job.options.lease) for rt, slot in due
+        ]
+        claims = self.store.claim_many(requests, self.instance)
+        for (rt, slot), claim in zip(due, claims, strict=False):
+            self._advance(rt, slot)
+            self._claimed(rt, slot, claim)
+
+    def _advance(self, rt: _Runtime, slot: datetime) -> None:
+        rt.next_slot = rt.job.schedule.next_after(slot)
+        self._place(rt)
+
+    def _claimed(self, rt: _Runtime, slot: datetime, claim: Claim) -> None:
+        name, sid = rt.job.name, slot_id(rt.job.name, slot)
+        holder = claim.holder
+        if claim.won:
+            assert holder is not None
+            rt.watch = None
+            late = self._lateness(slot) > rt.job.jitter + ON_TIME
+            self._emit("catch_up" if late else "won", name, sid, holder.attempt)
+            self._begin(rt, slot, holder)
+        elif claim.status is ClaimStatus.TAKEN:
+            self._emit("taken", name, sid, holder.attempt if holder else None)
+            if holder is not None and holder.owner != self.instance:
+                self._watch(rt, holder)
+        elif claim.status is ClaimStatus.BUSY:
+            running = slot_id(name, from_ms(holder.slot_ms)) if holder else "?"
+            self._emit("overlap", name, sid, None, f"{running} still holds its lease")
+            if holder is not None and rt.watch is None and rt.active is None:
+                self._watch(rt, holder)
+        else:
+            self._emit("taken", name, sid, None, "a newer slot is recorded")
+
+    def _watch(self, rt: _Runtime, holder: JobState) -> None:
+        if holder.state in (RunState.DONE, RunState.FAILED) or holder.owner == self.instance:
+            return
+        rt.watch = _Watch(holder.slot_ms, holder.token, self._clock.monotonic())
+        if not holder.lapsed:
+            rt.watch.next_check += rt.job.options.watch
+
+    def _check_watches(self, now_mono: float) -> None:
+        watched = [rt for rt in self._snapshot() if rt.watch and rt.watch.next_check <= now_mono]
+        if not watched:
+            return
+        states = self.store.states(rt.job.name for rt in watched)
+        for rt in watched:
+            watch = rt.watch
+            record = states.get(rt.job.name)
+            if (
+                watch is None
+                or record is None
+                or record.slot_ms != watch.slot_ms
+                or record.state in (RunState.DONE, RunState.FAILED)
+            ):
+                rt.watch = None
+            elif record.lapsed:
+                self._take_over(rt, record)
+            else:
+                watch.token = record.token
+                watch.next_check = now_mono + rt.job.options.watch
+
+    def _take_over(self, rt: _Runtime, record: JobState) -> None:
+        job = rt.job
+        claim = self.store.takeover(
+            job.name, record.slot_ms, self.instance, job.options.lease, record.token
+        )
+        if claim.won:
+            assert claim.holder is not None
+            rt.watch = None
+            how = "hand-over" if record.state is RunState.RELEASED else "lease lapsed"
+            slot = from_ms(record.slot_ms)
+            self._emit("takeover", job.name, slot_id(job.name, slot), claim.holder.attempt, how)
+            self._begin(rt, slot, claim.holder)
+        elif claim.holder is not None and claim.holder.slot_ms == record.slot_ms:
+            self._watch(rt, claim.holder)
+        else:
+            rt.watch = None
+
+    def _begin(self, rt: _Runtime, slot: datetime, holder: JobState) -> None:
+        run = Run(
+            job=rt.job.name,
+            slot=slot,
+            slot_id=slot_id(rt.job.name, slot),
+            attempt=holder.attempt,
+            token=holder.token,
+            instance=self.instance,
+        )
+        now_mono = self._clock.monotonic()
+        rt.active = _Active(run, now_mono + rt.job.options.renew_every, now_mono)
+        thread = self._clock.spawn(lambda: self._execute(rt, run), f"anarchon:{run.slot_id}")
+        self._handler_threads = [t for t in self._handler_threads if t.is_alive()]
+        self._handler_threads.append(thread)
+
+    def _execute(self, rt: _Runtime, run: Run) -> None:
+        outcome = RunState.DONE
+        try:
+            handler = rt.job.handler
+            result = handler(run) if rt.job.takes_run else handler()
+            if inspect.isawaitable(result):
+                asyncio.run(_await(result))
+        except Exception:
+            outcome = RunState.FAILED
+            log.exception(
+                "anarchon: job %s failed (%s attempt %d)", run.job, run.slot_id, run.attempt
+            )
+        self._done.put((rt, run, outcome))
+        self._wake.set()
+
+    def _finish_completed(self) -> None:
+        while True:
+            try:
+                rt, run, outcome = self._done.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                finished = self.store.finish(run.job, run.token, outcome)
+            except StoreUnavailable:
+                self._done.put((rt, run, outcome))
+                raise
+            if rt.active is not None and rt.active.run is run:
+                rt.active = None
+            if finished:
+                kind = "finished" if outcome is RunState.DONE else "failed"
+                self._emit(kind, run.job, run.slot_id, run.attempt)
+            else:
+                run._lose("finish refused: another instance holds the slot")
+                self._emit("finish_refused", run.job, run.slot_id, run.attempt)
+
+    def _renew(self, now_mono: float, *, reachable: bool = True) -> None:
+        for rt in self._snapshot():
+            active = rt.active
+            if active is None or active.run.lost:
+                continue
+            run, lease = active.run, rt.job.options.lease
+            if reachable and active.next_renew <= now_mono:
+                if self.store.renew(run.job, run.token, lease):
+                    active.last_renewed = now_mono
+                    active.next_renew = now_mono + rt.job.options.renew_every
+                elif run._lose("renewal refused: another instance took the slot over"):
+                    self._emit("lost", run.job, run.slot_id, run.attempt, run.lost_reason)
+            elif (
+                not reachable
+                and now_mono - active.last_renewed >= lease
+                and run._lose("the store was unreachable for longer than the lease")
+            ):
+                self._emit("lost", run.job, run.slot_id, run.attempt, run.lost_reason)
+
+    def _next_delay(self) -> float:
+        now, now_mono = self._clock.time(), self._clock.monotonic()
+        delays = [MAX_SLEEP]
+        for rt in self._snapshot():
+            if rt.next_slot is not None:
+                delays.append(rt.claim_at - now)
+            if rt.watch is not None:
+                delays.append(rt.watch.next_check - now_mono)
+            if rt.active is not None and not rt.active.run.lost:
+                delays.append(rt.active.next_renew - now_mono)
+        return max(0.0, min(delays))
+
+    def _emit(
+        self, kind: str, job: str | None, sid: str | None, attempt: int | None, detail: str = ""
+    ) -> None:
+        event = Event(kind, job, sid, attempt, self.instance, detail)
+        with self._lock:
+            self._stats[kind] += 1
+        level = _LEVELS.get(kind, logging.INFO)
+        if log.isEnabledFor(level):
+            log.log(
+                level,
+                "anarchon: %s %s attempt %s on %s%s",
+                kind,
+                sid or self.namespace,
+                attempt if attempt is not None else "-",
+                self.instance,
+                f" ({detail})" if detail else "",
+            )
+        for listener in self._listeners:
+            try:
+                listener(event)
+            except Exception:
+                log.exception("anarchon: event listener %r failed", listener)
+
+
+async def _await(awaitable: Any) -> None:
+    await awaitable

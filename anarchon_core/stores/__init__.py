@@ -1,0 +1,1 @@
+"""Store implementations, one module per store, each importing its own driver."""

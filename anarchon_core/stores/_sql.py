@@ -1,0 +1,105 @@
+"""The SQL of the SQLite dialect, shared by the SQLite and libSQL stores.
+
+Every step is one statement on ``anarchon_jobs``; the run history in
+``anarchon_runs`` follows by triggers, inside the same statement, so the
+history can never disagree with the record. ``NOW`` is the server's clock
+in Unix seconds; SQLite fixes ``'now'`` for the whole statement, triggers
+included. (``unixepoch('subsec')`` would be shorter but needs SQLite 3.42.)
+"""
+
+from __future__ import annotations
+
+NOW = "((julianday('now') - 2440587.5) * 86400.0)"
+
+#: How many attempts per job the history keeps.
+HISTORY = 50
+
+SCHEMA = [
+    """CREATE TABLE IF NOT EXISTS anarchon_jobs (
+        namespace TEXT NOT NULL,
+        job TEXT NOT NULL,
+        slot_ms INTEGER NOT NULL,
+        owner TEXT NOT NULL,
+        attempt INTEGER NOT NULL,
+        token INTEGER NOT NULL,
+        state TEXT NOT NULL,
+        lease_until REAL NOT NULL,
+        PRIMARY KEY (namespace, job)
+    )""",
+    """CREATE TABLE IF NOT EXISTS anarchon_runs (
+        namespace TEXT NOT NULL,
+        job TEXT NOT NULL,
+        token INTEGER NOT NULL,
+        slot_ms INTEGER NOT NULL,
+        attempt INTEGER NOT NULL,
+        owner TEXT NOT NULL,
+        state TEXT NOT NULL,
+        started_at REAL NOT NULL,
+        ended_at REAL,
+        PRIMARY KEY (namespace, job, token)
+    )""",
+    f"""CREATE TRIGGER IF NOT EXISTS anarchon_run_first AFTER INSERT ON anarchon_jobs BEGIN
+        INSERT INTO anarchon_runs VALUES (NEW.namespace, NEW.job, NEW.token, NEW.slot_ms,
+            NEW.attempt, NEW.owner, NEW.state, {NOW}, NULL);
+    END""",
+    # A new token means a new attempt: close the previous one (lost when the
+    # same slot is taken over, abandoned when a newer slot supersedes it).
+    f"""CREATE TRIGGER IF NOT EXISTS anarchon_run_next AFTER UPDATE OF token ON anarchon_jobs
+    WHEN NEW.token != OLD.token BEGIN
+        UPDATE anarchon_runs
+           SET state = CASE WHEN NEW.slot_ms = OLD.slot_ms THEN 'lost' ELSE 'abandoned' END,
+               ended_at = {NOW}
+         WHERE namespace = OLD.namespace AND job = OLD.job AND token = OLD.token
+           AND ended_at IS NULL;
+        INSERT INTO anarchon_runs VALUES (NEW.namespace, NEW.job, NEW.token, NEW.slot_ms,
+            NEW.attempt, NEW.owner, NEW.state, {NOW}, NULL);
+        DELETE FROM anarchon_runs WHERE namespace = NEW.namespace AND job = NEW.job
+           AND token <= NEW.token - {HISTORY};
+    END""",
+    f"""CREATE TRIGGER IF NOT EXISTS anarchon_run_end AFTER UPDATE OF state ON anarchon_jobs
+    WHEN NEW.token = OLD.token AND NEW.state != OLD.state BEGIN
+        UPDATE anarchon_runs SET state = NEW.state, ended_at = {NOW}
+         WHERE namespace = NEW.namespace AND job = NEW.job AND token = NEW.token;
+    END""",
+]
+
+_RETURNING = f"RETURNING job, slot_ms, owner, attempt, token, state, lease_until - {NOW}"
+
+#: Won if a row comes back. Conflicts update only an older slot whose run
+#: ended or whose lease lapsed.
+CLAIM = f"""
+INSERT INTO anarchon_jobs (namespace, job, slot_ms, owner, attempt, token, state, lease_until)
+VALUES (:ns, :job, :slot, :owner, 1, 1, 'running', {NOW} + :lease)
+ON CONFLICT (namespace, job) DO UPDATE SET
+    slot_ms = excluded.slot_ms, owner = excluded.owner, attempt = 1, token = token + 1,
+    state = 'running', lease_until = excluded.lease_until
+WHERE slot_ms < excluded.slot_ms AND (state != 'running' OR lease_until <= {NOW})
+{_RETURNING}
+"""
+
+TAKEOVER = f"""
+UPDATE anarchon_jobs SET owner = :owner, attempt = attempt + 1, token = token + 1,
+    state = 'running', lease_until = {NOW} + :lease
+WHERE namespace = :ns AND job = :job AND slot_ms = :slot AND token = :token
+  AND (state = 'released' OR (state = 'running' AND lease_until <= {NOW}))
+{_RETURNING}
+"""
+
+_HELD = "WHERE namespace = :ns AND job = :job AND token = :token AND state = 'running'"
+
+RENEW = f"UPDATE anarchon_jobs SET lease_until = {NOW} + :lease {_HELD}"
+
+#: finish (done/failed) and release (released) alike end the lease now.
+END = f"UPDATE anarchon_jobs SET state = :state, lease_until = {NOW} {_HELD}"
+
+SELECT = f"""
+SELECT job, slot_ms, owner, attempt, token, state, lease_until - {NOW}
+FROM anarchon_jobs WHERE namespace = ? AND job IN ({{marks}})
+"""
+
+HISTORY_SELECT = """
+SELECT job, slot_ms, attempt, token, owner, state, started_at, ended_at
+FROM anarchon_runs WHERE namespace = ? AND job = ? ORDER BY token DESC LIMIT ?
+"""
+
+JOBS = "SELECT job FROM anarchon_jobs WHERE namespace = ? ORDER BY job"

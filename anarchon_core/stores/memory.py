@@ -1,0 +1,142 @@
+"""An in-process store for tests and single-process use.
+
+Every step runs under one lock, which makes it atomic within the process.
+Instances in other processes cannot see it: use SQLite or a server store to
+share slots between processes.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ..clock import Clock, SystemClock
+from ..store import Claim, ClaimStatus, JobState, RunRecord, RunState, Store
+
+HISTORY = 50
+
+
+@dataclass
+class _Record:
+    slot_ms: int
+    owner: str
+    attempt: int
+    token: int
+    state: RunState
+    lease_until: float
+
+
+class MemoryStore(Store):
+    """The store contract kept in a dict. ``clock`` plays the server's clock."""
+
+    def __init__(self, *, namespace: str = "default", clock: Clock | None = None) -> None:
+        super().__init__(namespace=namespace)
+        self._clock = clock or SystemClock()
+        self._lock = threading.Lock()
+        self._records: dict[str, _Record] = {}
+        self._history: dict[str, deque[RunRecord]] = {}
+
+    @classmethod
+    def from_url(cls, url: str, *, namespace: str, **options: Any) -> MemoryStore:
+        """``memory://``: a new, empty store private to this process."""
+        return cls(namespace=namespace, **options)
+
+    def _state(self, job: str, rec: _Record, now: float) -> JobState:
+        return JobState(
+            job, rec.slot_ms, rec.owner, rec.attempt, rec.token, rec.state, rec.lease_until - now
+        )
+
+    def _end_current(self, job: str, state: RunState, now: float) -> None:
+        runs = self._history.get(job)
+        if runs and runs[0].ended_at is None:
+            runs[0] = replace(runs[0], state=state, ended_at=now)
+
+    def _start(self, job: str, rec: _Record, now: float) -> None:
+        runs = self._history.setdefault(job, deque(maxlen=HISTORY))
+        runs.appendleft(
+            RunRecord(job, rec.slot_ms, rec.attempt, rec.token, rec.owner, rec.state, now, None)
+        )
+
+    def claim(self, job: str, slot_ms: int, owner: str, lease: float) -> Claim:
+        with self._lock:
+            now = self._clock.time()
+            rec = self._records.get(job)
+            if rec is not None:
+                if rec.slot_ms == slot_ms:
+                    return Claim(ClaimStatus.TAKEN, self._state(job, rec, now))
+                if rec.slot_ms > slot_ms:
+                    return Claim(ClaimStatus.STALE, self._state(job, rec, now))
+                if rec.state is RunState.RUNNING and rec.lease_until > now:
+                    return Claim(ClaimStatus.BUSY, self._state(job, rec, now))
+                if rec.state not in (RunState.DONE, RunState.FAILED):
+                    self._end_current(job, RunState.ABANDONED, now)
+            token = rec.token + 1 if rec else 1
+            rec = _Record(slot_ms, owner, 1, token, RunState.RUNNING, now + lease)
+            self._records[job] = rec
+            self._start(job, rec, now)
+            return Claim(ClaimStatus.WON, self._state(job, rec, now))
+
+    def takeover(self, job: str, slot_ms: int, owner: str, lease: float, seen_token: int) -> Claim:
+        with self._lock:
+            now = self._clock.time()
+            rec = self._records.get(job)
+            if rec is None:
+                return Claim(ClaimStatus.TAKEN, None)
+            current = self._state(job, rec, now)
+            if rec.slot_ms != slot_ms or rec.token != seen_token or not current.lapsed:
+                return Claim(ClaimStatus.TAKEN, current)
+            if rec.state is RunState.RUNNING:
+                self._end_current(job, RunState.LOST, now)
+            rec = _Record(
+                slot_ms, owner, rec.attempt + 1, rec.token + 1, RunState.RUNNING, now + lease
+            )
+            self._records[job] = rec
+            self._start(job, rec, now)
+            return Claim(ClaimStatus.WON, self._state(job, rec, now))
+
+    def _update(self, job: str, token: int, **changes: object) -> bool:
+        with self._lock:
+            rec = self._records.get(job)
+            if rec is None or rec.token != token or rec.state is not RunState.RUNNING:
+                return False
+            now = self._clock.time()
+            if "lease" in changes:
+                rec.lease_until = now + float(changes["lease"])  # type: ignore[arg-type]
+            if "state" in changes:
+                state = changes["state"]
+                assert isinstance(state, RunState)
+                rec.state = state
+                rec.lease_until = now
+                self._end_current(job, state, now)
+            return True
+
+    def renew(self, job: str, token: int, lease: float) -> bool:
+        return self._update(job, token, lease=lease)
+
+    def finish(self, job: str, token: int, outcome: RunState) -> bool:
+        if outcome not in (RunState.DONE, RunState.FAILED):
+            raise ValueError(f"a run finishes as done or failed, not {outcome.value}")
+        return self._update(job, token, state=outcome)
+
+    def release(self, job: str, token: int) -> bool:
+        return self._update(job, token, state=RunState.RELEASED)
+
+    def states(self, jobs: Iterable[str]) -> dict[str, JobState]:
+        with self._lock:
+            now = self._clock.time()
+            return {
+                job: self._state(job, rec, now)
+                for job in jobs
+                if (rec := self._records.get(job)) is not None
+            }
+
+    def history(self, job: str, limit: int = 20) -> list[RunRecord]:
+        with self._lock:
+            return list(self._history.get(job, ()))[:limit]
+
+    def jobs(self) -> list[str]:
+        with self._lock:
+            return sorted(self._records)

@@ -1,0 +1,194 @@
+"""SQLite: the embedded default, for instances on one machine.
+
+URL: ``sqlite:///relative/path.db`` or ``sqlite:////absolute/path.db``.
+
+The database runs in WAL mode; each step is one statement in its own
+``BEGIN IMMEDIATE`` transaction (the write lock is taken up front, so
+concurrent claimers queue on ``busy_timeout`` instead of failing), with any
+``RETURNING`` row fetched before the commit. SQLite's locking needs a local
+file system: never put the file on NFS or another network share.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from ..errors import ConfigurationError, StoreUnavailable
+from ..store import Claim, ClaimRequest, ClaimStatus, JobState, RunRecord, RunState, Store
+from . import _sql
+
+#: Largest number of job names per ``IN (...)`` list.
+_CHUNK = 500
+
+
+def _state(row: Sequence[Any]) -> JobState:
+    job, slot_ms, owner, attempt, token, state, remaining = row
+    return JobState(job, int(slot_ms), owner, int(attempt), int(token), RunState(state), remaining)
+
+
+class SQLDialectStore(Store):
+    """The store contract over a DB-API connection speaking SQLite's SQL.
+
+    Subclasses provide the connection and the exceptions that mean "the
+    store is unavailable"; the statements live once, in ``_sql``.
+    """
+
+    _unavailable: tuple[type[BaseException], ...] = (sqlite3.Error,)
+
+    def __init__(self, *, namespace: str) -> None:
+        super().__init__(namespace=namespace)
+        self._lock = threading.Lock()
+        self._conn: Any = None
+
+    def _connect(self) -> Any:
+        raise NotImplementedError
+
+    def _begin(self, conn: Any, write: bool) -> None:
+        conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+
+    @contextmanager
+    def _transaction(self, write: bool = True) -> Iterator[Any]:
+        with self._lock:
+            try:
+                if self._conn is None:
+                    self._conn = self._connect()
+                conn = self._conn
+                self._begin(conn, write)
+                try:
+                    yield conn
+                except BaseException:
+                    conn.rollback()
+                    raise
+                conn.commit()
+            except self._unavailable as exc:
+                self._drop_connection()
+                raise StoreUnavailable(f"{type(self).__name__}: {exc}") from exc
+
+    def _drop_connection(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            # Already failing: the original error is the one to raise.
+            with contextlib.suppress(Exception):
+                conn.close()
+
+    def _params(self, **values: Any) -> dict[str, Any]:
+        return {"ns": self.namespace, **values}
+
+    def _read(self, conn: Any, job: str) -> JobState | None:
+        row = conn.execute(_sql.SELECT.format(marks="?"), (self.namespace, job)).fetchone()
+        return _state(row) if row else None
+
+    def _claim(self, conn: Any, job: str, slot_ms: int, owner: str, lease: float) -> Claim:
+        params = self._params(job=job, slot=slot_ms, owner=owner, lease=lease)
+        row = conn.execute(_sql.CLAIM, params).fetchone()
+        if row is not None:
+            return Claim(ClaimStatus.WON, _state(row))
+        holder = self._read(conn, job)
+        if holder is None or holder.slot_ms == slot_ms:
+            return Claim(ClaimStatus.TAKEN, holder)
+        if holder.slot_ms > slot_ms:
+            return Claim(ClaimStatus.STALE, holder)
+        return Claim(ClaimStatus.BUSY, holder)
+
+    def claim(self, job: str, slot_ms: int, owner: str, lease: float) -> Claim:
+        with self._transaction() as conn:
+            return self._claim(conn, job, slot_ms, owner, lease)
+
+    def claim_many(self, requests: Sequence[ClaimRequest], owner: str) -> list[Claim]:
+        with self._transaction() as conn:
+            return [self._claim(conn, r.job, r.slot_ms, owner, r.lease) for r in requests]
+
+    def takeover(self, job: str, slot_ms: int, owner: str, lease: float, seen_token: int) -> Claim:
+        params = self._params(job=job, slot=slot_ms, owner=owner, lease=lease, token=seen_token)
+        with self._transaction() as conn:
+            row = conn.execute(_sql.TAKEOVER, params).fetchone()
+            if row is not None:
+                return Claim(ClaimStatus.WON, _state(row))
+            return Claim(ClaimStatus.TAKEN, self._read(conn, job))
+
+    def _change(self, sql: str, **values: Any) -> bool:
+        with self._transaction() as conn:
+            return int(conn.execute(sql, self._params(**values)).rowcount) == 1
+
+    def renew(self, job: str, token: int, lease: float) -> bool:
+        return self._change(_sql.RENEW, job=job, token=token, lease=lease)
+
+    def finish(self, job: str, token: int, outcome: RunState) -> bool:
+        if outcome not in (RunState.DONE, RunState.FAILED):
+            raise ValueError(f"a run finishes as done or failed, not {outcome.value}")
+        return self._change(_sql.END, job=job, token=token, state=outcome.value)
+
+    def release(self, job: str, token: int) -> bool:
+        return self._change(_sql.END, job=job, token=token, state=RunState.RELEASED.value)
+
+    def states(self, jobs: Iterable[str]) -> dict[str, JobState]:
+        names = list(dict.fromkeys(jobs))
+        found: dict[str, JobState] = {}
+        with self._transaction(write=False) as conn:
+            for i in range(0, len(names), _CHUNK):
+                chunk = names[i : i + _CHUNK]
+                sql = _sql.SELECT.format(marks=", ".join("?" * len(chunk)))
+                for row in conn.execute(sql, (self.namespace, *chunk)).fetchall():
+                    found[row[0]] = _state(row)
+        return found
+
+    def history(self, job: str, limit: int = 20) -> list[RunRecord]:
+        with self._transaction(write=False) as conn:
+            rows = conn.execute(_sql.HISTORY_SELECT, (self.namespace, job, limit)).fetchall()
+        return [
+            RunRecord(r[0], int(r[1]), int(r[2]), int(r[3]), r[4], RunState(r[5]), r[6], r[7])
+            for r in rows
+        ]
+
+    def jobs(self) -> list[str]:
+        with self._transaction(write=False) as conn:
+            return [row[0] for row in conn.execute(_sql.JOBS, (self.namespace,)).fetchall()]
+
+    def _create_schema(self, conn: Any) -> None:
+        for statement in _sql.SCHEMA:
+            conn.execute(statement)
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop_connection()
+
+
+class SQLiteStore(SQLDialectStore):
+    """A SQLite database file shared by the instances of one machine."""
+
+    def __init__(
+        self, path: str, *, namespace: str = "default", busy_timeout: float = 10.0
+    ) -> None:
+        super().__init__(namespace=namespace)
+        self.path = path
+        self.busy_timeout = busy_timeout
+        with self._transaction() as conn:
+            self._create_schema(conn)
+
+    @classmethod
+    def from_url(cls, url: str, *, namespace: str, **options: Any) -> SQLiteStore:
+        parts = urlsplit(url)
+        if parts.netloc or not parts.path.startswith("/") or len(parts.path) < 2:
+            raise ConfigurationError(
+                f"SQLite URL {url!r}: expected sqlite:///relative/path.db"
+                " or sqlite:////absolute/path.db"
+            )
+        return cls(unquote(parts.path[1:]), namespace=namespace, **options)
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
+        )
+        conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = NORMAL")
+        return conn
+
+    def __repr__(self) -> str:
+        return f"<SQLiteStore {self.path!r} namespace={self.namespace!r}>"

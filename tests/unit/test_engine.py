@@ -1,0 +1,273 @@
+"""Every row of the failure table, deterministic: memory store, fake clock, simulated instances."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import pytest
+
+from anarchon_core import RunState, Scheduler, StoreUnavailable, slot_id
+from anarchon_core.stores.memory import MemoryStore
+from tests.sim import START, Cluster, Span
+
+
+def every(cluster: Cluster, seconds: float, duration: float, **options: object):
+    def setup(s: Scheduler) -> None:
+        s.add_job(cluster.handler(duration), name="job", every=seconds, **options)  # type: ignore[arg-type]
+
+    return setup
+
+
+def assert_no_concurrent_runs(spans: list[Span]) -> None:
+    """At no moment do two executions that still hold their lease overlap."""
+    live = sorted((s for s in spans if not s.lost and not s.killed), key=lambda s: s.start)
+    for before, after in itertools.pairwise(live):
+        assert before.end is not None
+        assert before.end <= after.start + 1e-6, f"{before} overlaps {after}"
+
+
+def test_each_slot_runs_exactly_once_and_winners_spread() -> None:
+    cluster = Cluster()
+    for name in "abc":
+        cluster.add(name, every(cluster, 1, 0.2))
+    cluster.run(40.2)
+    slots = cluster.slots("job")
+    expected = {slot_id("job", _dt(START + k)) for k in range(1, 41)}
+    assert set(slots) == expected
+    assert all(len(spans) == 1 for spans in slots.values())
+    assert all(spans[0].attempt == 1 for spans in slots.values())
+    winners = {spans[0].instance for spans in slots.values()}
+    assert len(winners) >= 2
+    # Every run started within the jitter bound (a tenth of the interval) of its slot.
+    for spans in slots.values():
+        assert 0 <= spans[0].start - _ts(spans[0].slot_id) <= 0.1 + 1e-6
+
+
+def test_killed_runner_is_taken_over_as_attempt_2_within_lease() -> None:
+    cluster = Cluster()
+    for name in "abc":
+        cluster.add(name, every(cluster, 30, 8), lease=3, jitter=0.5)
+    cluster.run(31)
+    first = cluster.spans[0]
+    cluster.kill(first.instance)
+    killed_at = cluster.now()
+    cluster.run(10)
+    attempts = cluster.slots("job")[first.slot_id]
+    assert [s.attempt for s in attempts] == [1, 2]
+    second = attempts[1]
+    assert second.instance != first.instance
+    assert second.token > first.token
+    assert second.start - killed_at <= 3 + 1.5
+    history = cluster.store.history("job")
+    assert [(r.attempt, r.state) for r in history[:2]] == [
+        (2, RunState.RUNNING),
+        (1, RunState.LOST),
+    ]
+
+
+def test_frozen_runner_loses_its_run_and_its_finish_is_refused() -> None:
+    cluster = Cluster()
+    for name in "abc":
+        cluster.add(name, every(cluster, 60, 6), lease=3, jitter=0.5)
+    cluster.run(61)
+    first = cluster.spans[0]
+    frozen = cluster.freeze(first.instance)
+    cluster.run(5)  # longer than the lease
+    takeover = cluster.runner_of(first.slot_id)
+    assert takeover.attempt == 2
+    assert takeover.instance != first.instance
+    cluster.thaw(first.instance)
+    cluster.run(10)
+    assert first.lost  # the handler saw run.lost after it resumed
+    assert frozen.stats.get("lost") == 1
+    assert frozen.stats.get("finish_refused") == 1
+    assert takeover.end is not None
+    assert not takeover.lost
+    assert cluster.store.state("job").state is RunState.DONE  # type: ignore[union-attr]
+
+
+def test_graceful_stop_hands_over_at_once() -> None:
+    cluster = Cluster()
+    for name in "abc":
+        cluster.add(name, every(cluster, 60, 6), lease=10, jitter=0.5)
+    cluster.run(62)
+    first = cluster.spans[0]
+    stopped_at = cluster.now()
+    cluster.terminate(first.instance)
+    cluster.run(3)
+    attempts = cluster.slots("job")[first.slot_id]
+    assert [s.attempt for s in attempts] == [1, 2]
+    assert attempts[1].start - stopped_at <= 1.0  # far less than the 10 s lease
+    assert first.lost  # the stopping instance's handler was told
+    assert cluster.all[first.instance].stats.get("handed_over") == 1
+    assert [e.detail for e in cluster.kinds("takeover")] == ["hand-over"]
+
+
+def test_all_instances_restart_mid_run_and_the_slot_runs_again() -> None:
+    cluster = Cluster()
+    for name in "abc":
+        cluster.add(name, every(cluster, 60, 20), lease=4, jitter=0.5)
+    cluster.run(62)
+    first = cluster.spans[0]
+    for name in "abc":
+        cluster.kill(name)
+    cluster.run(1)
+    for name in "def":
+        cluster.add(name, every(cluster, 60, 2), lease=4, jitter=0.5)
+    cluster.run(8)
+    attempts = cluster.slots("job")[first.slot_id]
+    assert [s.attempt for s in attempts] == [1, 2]
+    assert attempts[1].instance in "def"
+    assert cluster.store.state("job").state is RunState.DONE  # type: ignore[union-attr]
+
+
+def test_all_down_across_a_slot_then_catch_up_once() -> None:
+    cluster = Cluster()
+    for name in "abc":
+        cluster.add(name, every(cluster, 60, 1), jitter=0.5)
+    cluster.run(62)
+    for name in "abc":
+        cluster.kill(name)
+    cluster.run(60 + 20)  # the slot at START+120 passes with nobody up
+    for name in "def":
+        cluster.add(name, every(cluster, 60, 1), jitter=0.5)
+    cluster.run(5)
+    missed = slot_id("job", _dt(START + 120))
+    assert len(cluster.slots("job")[missed]) == 1
+    assert sum(e.kind == "catch_up" for e in cluster.events) == 1
+
+
+def test_missed_slots_older_than_the_window_are_not_replayed() -> None:
+    cluster = Cluster()
+    for name in "ab":
+        cluster.add(name, every(cluster, 10, 1), catch_up=15)
+    cluster.run(11)
+    for name in "ab":
+        cluster.kill(name)
+    cluster.run(60)  # five slots pass
+    for name in "cd":
+        cluster.add(name, every(cluster, 10, 1), catch_up=15)
+    cluster.run(0.5)
+    # Only the most recent missed slot runs; the older ones are not replayed.
+    started = [s.slot_id for s in cluster.spans]
+    assert started == [slot_id("job", _dt(START + 10)), slot_id("job", _dt(START + 70))]
+
+
+def test_a_new_job_does_not_fire_a_catch_up_on_first_deploy() -> None:
+    cluster = Cluster()
+    cluster.clock.advance(5)
+    cluster.add("a", every(cluster, 10, 1))
+    cluster.run(4)
+    assert cluster.spans == []
+    cluster.run(2)
+    assert [s.slot_id for s in cluster.spans] == [slot_id("job", _dt(START + 10))]
+
+
+def test_long_handler_never_overlaps_and_skips_are_counted() -> None:
+    cluster = Cluster()
+    for name in "abc":
+        cluster.add(name, every(cluster, 1, 2.5), lease=3)
+    cluster.run(30)
+    assert_no_concurrent_runs(cluster.spans)
+    assert len(cluster.spans) >= 8
+    assert sum(s.stats.get("overlap", 0) for s in cluster.all.values()) >= 10
+
+
+def test_newer_slot_supersedes_a_lapsed_run_which_is_recorded_abandoned() -> None:
+    cluster = Cluster()
+    for name in "abc":
+        # Backups look rarely here, so the next slot arrives before any takeover.
+        cluster.add(name, every(cluster, 5, 30), lease=3, jitter=0.2, watch=20)
+    cluster.run(5.5)
+    first = cluster.spans[0]
+    cluster.kill(first.instance)
+    cluster.run(5)
+    assert cluster.spans[1].slot_id == slot_id("job", _dt(START + 10))
+    assert cluster.spans[1].attempt == 1
+    states = {r.slot_ms: r.state for r in cluster.store.history("job")}
+    assert states[int((START + 5) * 1000)] is RunState.ABANDONED
+    assert len(cluster.slots("job")[first.slot_id]) == 1  # not retried
+
+
+class FlakyStore(MemoryStore):
+    """A memory store that can be switched off, as a server outage."""
+
+    down = False
+
+    def __getattribute__(self, name: str) -> object:
+        attr = super().__getattribute__(name)
+        steps = {"claim", "claim_many", "takeover", "renew", "finish", "release", "states"}
+        if name in steps and super().__getattribute__("down"):
+            raise StoreUnavailable("connection refused")
+        return attr
+
+
+def test_store_outage_is_survived_without_duplicates_and_the_runner_gives_up() -> None:
+    cluster = Cluster()
+    cluster.store = store = FlakyStore(clock=cluster.clock)
+    for name in "abc":
+        cluster.add(name, every(cluster, 2, 8), lease=3, jitter=0.2)
+    cluster.run(2.5)
+    running = cluster.spans[0]
+    store.down = True
+    cluster.run(10)
+    # The runner could not renew for longer than its lease: it treated the run as lost.
+    assert running.lost
+    assert all(s.stats.get("store_unavailable") == 1 for s in cluster.live.values())
+    assert len(cluster.spans) == 1  # nothing ran that could not be claimed
+    store.down = False
+    cluster.run(10)
+    assert all(s.stats.get("store_recovered") == 1 for s in cluster.live.values())
+    slots = cluster.slots("job")
+    assert all(len(spans) == 1 for sid, spans in slots.items() if sid != running.slot_id)
+    assert len(slots) >= 3  # scheduling resumed
+
+
+@pytest.mark.parametrize("skews", [(5.0, 0.0, 0.0), (-5.0, 0.0, 0.0), (5.0, -5.0, 0.0)])
+def test_clock_skew_causes_no_double_run_and_no_premature_takeover(
+    skews: tuple[float, ...],
+) -> None:
+    cluster = Cluster()
+    for name, skew in zip("abc", skews):
+        cluster.add(name, every(cluster, 2, 4.5), lease=3, skew=skew)
+    cluster.run(40)
+    assert cluster.kinds("takeover") == []
+    assert all(len(spans) == 1 for spans in cluster.slots("job").values())
+    assert_no_concurrent_runs(cluster.spans)
+
+
+def test_async_handlers_run() -> None:
+    cluster = Cluster()
+    seen: list[int] = []
+
+    async def handler(run) -> None:  # type: ignore[no-untyped-def]
+        await asyncio.sleep(0)
+        seen.append(run.attempt)
+
+    cluster.add("a", lambda s: s.add_job(handler, every=1))
+    cluster.run(3.5)
+    assert seen == [1, 1, 1]
+
+
+def test_a_failing_handler_finishes_as_failed_and_is_not_retried() -> None:
+    cluster = Cluster()
+
+    def boom() -> None:
+        raise RuntimeError("boom")
+
+    for name in "ab":
+        cluster.add(name, lambda s: s.add_job(boom, name="boom", every=5))
+    cluster.run(5.8)
+    assert [r.state for r in cluster.store.history("boom")] == [RunState.FAILED]
+    assert cluster.kinds("takeover") == []
+
+
+def _dt(ts: float):  # type: ignore[no-untyped-def]
+    from datetime import datetime, timezone
+
+    return datetime.fromtimestamp(ts, timezone.utc)
+
+
+def _ts(sid: str) -> float:
+    return int(sid.rsplit("@", 1)[1]) / 1000
