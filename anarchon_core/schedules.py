@@ -1,41 +1,37 @@
 """Slot grids: when a job is due, as pure functions of time.
 
-A schedule turns any instant into the neighbouring slots (timezone-aware UTC
-datetimes). Nothing here reads the clock or keeps state, so every instance asked
-at any moment computes the same grid.
-
-:class:`Every` is ``anchor + k * interval``; time zones play no part. :class:`Cron`
-evaluates a cron expression in an IANA time zone with the daylight saving rule of
-classic (Vixie) cron:
+Nothing here reads the clock or keeps state, so every instance, asked at any
+moment, computes the same slots (aware UTC datetimes). :class:`Every` is
+``anchor + k * interval``. :class:`Cron` evaluates a cron expression in an IANA
+time zone with the daylight saving rule of classic (Vixie) cron:
 
 * A *fixed-time* job (its hour field does not cover all 24 hours, e.g.
   ``30 2 * * *`` or ``0 */2 * * *``) fires once per matching wall-clock time. A
-  wall time skipped by a spring-forward gap fires at the gap's end (02:30 in New
-  York on 2024-03-10 fires at 03:00 EDT); a wall time repeated by a fall-back
-  fires on its first occurrence only.
+  wall time skipped by a spring-forward fires at the gap's end (02:30 in New York
+  on 2024-03-10 fires at 03:00 EDT); one repeated by a fall-back fires on its
+  first occurrence only.
 * An *hourly* job (hour field ``*``) fires at every real instant whose local
-  reading matches. A reading inside a gap never happens, so it does not fire; a
-  reading in a repeated hour happens twice, in two different real hours, so it
-  fires twice. With whole-hour shifts this is "every real hour gets its firing
-  exactly once": ``30 * * * *`` fires 23 times on a spring-forward day (the real
-  hour 03:00-04:00 EDT gets 03:30) and 25 times on a fall-back day (01:30 EDT and
-  01:30 EST), always 1 h apart in UTC. Lord Howe's 30-minute shift gives 30- or
-  90-minute gaps instead, which is what its clocks read.
+  reading matches. A reading inside a gap never happens, so nothing fires there;
+  a reading in a repeated hour happens in two different real hours and fires in
+  both. So every real hour gets its firing exactly once: ``30 * * * *`` fires 23
+  times on a spring-forward day (the real hour 03:00-04:00 EDT gets 03:30) and
+  25 times on a fall-back day (01:30 EDT and 01:30 EST), always 1 h apart in UTC.
+  (Lord Howe's 30-minute shift gives 30- or 90-minute steps: what its clocks read.)
 
 croniter's own DST handling differs (it fires ``30 1 * * *`` twice on a fall-back
 day), so croniter only walks the naive local calendar, where every wall time
 exists once, and this module maps wall times to instants from the zone's offset
-changes itself.
+changes. Internally instants and wall times are integer microseconds.
 """
 
 from __future__ import annotations
 
 import copy
-import itertools
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from functools import cache, lru_cache
+from itertools import pairwise
 from typing import Protocol, runtime_checkable
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -43,17 +39,14 @@ from croniter import CroniterBadDateError, croniter
 
 from anarchon_core.errors import ConfigurationError
 
-_UTC = timezone.utc
-EPOCH = datetime(1970, 1, 1, tzinfo=_UTC)
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _NAIVE_EPOCH = datetime(1970, 1, 1)
-_US = timedelta(microseconds=1)
-_MS = timedelta(milliseconds=1)
-_SECOND = 1_000_000  # internal instants and wall times are integer microseconds
+_US, _MS = timedelta(microseconds=1), timedelta(milliseconds=1)
+_SECOND = 1_000_000
 _DAY = 86_400 * _SECOND
-
-_FIELD_NAMES = ("minute", "hour", "day-of-month", "month", "day-of-week", "second")
-_FIELD_RANGES = ("0-59", "0-23", "1-31", "1-12", "0-7", "0-59")
-_ALIASES = {
+_FIELDS = ("minute", "hour", "day-of-month", "month", "day-of-week", "second")
+_RANGES = ("0-59", "0-23", "1-31", "1-12", "0-7", "0-59")
+_ALIASES = {  # croniter's, resolved here so that fields can be checked one by one
     "@midnight": "0 0 * * *",
     "@hourly": "0 * * * *",
     "@daily": "0 0 * * *",
@@ -62,9 +55,8 @@ _ALIASES = {
     "@yearly": "0 0 1 1 *",
     "@annually": "0 0 1 1 *",
 }
-_FIELD_SPLIT = re.compile(r"\S+", re.ASCII)  # croniter's own split: no Unicode spaces
-# croniter's R picks a random value per parse and H needs a hash id: either way two
-# instances could compute different grids.
+_SPLIT = re.compile(r"\S+", re.ASCII)  # croniter's own split: Unicode spaces are no separator
+# croniter's R draws a random value per parse and H needs a hash id: instances would disagree.
 _RANDOM_OR_HASHED = re.compile(r"^[hr](?:\(|/|$)", re.IGNORECASE)
 _FIXED_OFFSET_ZONES = frozenset({"UTC", "UCT", "GMT", "GMT0", "Greenwich", "Universal", "Zulu"})
 
@@ -88,12 +80,12 @@ class Schedule(Protocol):
 
 
 def to_ms(slot: datetime) -> int:
-    """The integer Unix timestamp of an aware datetime in milliseconds (floored)."""
+    """The Unix time of an aware datetime in whole milliseconds (floored)."""
     return _to_us(slot) // 1000
 
 
 def from_ms(ms: int) -> datetime:
-    """The aware UTC datetime of a Unix timestamp in milliseconds."""
+    """The aware UTC datetime of a Unix time in milliseconds."""
     return EPOCH + timedelta(milliseconds=ms)
 
 
@@ -104,11 +96,11 @@ def slot_id(job: str, slot: datetime) -> str:
 
 @dataclass(frozen=True)
 class Every:
-    """Slots at ``anchor + k * interval`` for every integer ``k``.
+    """Slots at ``anchor + k * interval`` for every integer ``k``; time zones play no part.
 
-    The grid is fixed in UTC, identical on every machine and independent of when a
-    process started. The interval is at least 1 second; interval and anchor are
-    whole milliseconds, so slot ids are exact.
+    The grid is fixed in UTC, the same on every machine whenever a process started.
+    The interval is at least 1 s; interval and anchor are whole milliseconds, so
+    slot ids are exact.
     """
 
     interval: timedelta
@@ -117,7 +109,7 @@ class Every:
     def __post_init__(self) -> None:
         if not isinstance(self.interval, timedelta):
             raise ConfigurationError(f"every={self.interval!r}: expected a timedelta")
-        label = f"every={_format_interval(self.interval)}"
+        label = f"every={_format(self.interval)}"
         if self.interval <= timedelta(0):
             raise ConfigurationError(f"{label}: the interval must be positive")
         if self.interval < timedelta(seconds=1):
@@ -125,10 +117,10 @@ class Every:
         if self.interval % _MS:
             raise ConfigurationError(f"{label}: the interval must be whole milliseconds")
         if not isinstance(self.anchor, datetime) or self.anchor.utcoffset() is None:
-            raise ConfigurationError(f"{label}: anchor= must be an aware datetime")
+            raise ConfigurationError(f"{label}: anchor= must be a timezone-aware datetime")
         if (self.anchor - EPOCH) % _MS:
             raise ConfigurationError(f"{label}: anchor= must be on a whole millisecond")
-        object.__setattr__(self, "anchor", self.anchor.astimezone(_UTC))
+        object.__setattr__(self, "anchor", self.anchor.astimezone(timezone.utc))
 
     def _floor(self, x: int) -> int:
         origin, step = (self.anchor - EPOCH) // _US, self.interval // _US
@@ -139,15 +131,15 @@ class Every:
         return _from_us(self._floor(_to_us(t)) + self.interval // _US)
 
     def latest_at_or_before(self, t: datetime) -> datetime | None:
-        """The last slot at or before ``t`` (None only below ``datetime.min``)."""
+        """The last slot at or before ``t`` (None only near ``datetime.min``)."""
         try:
             return _from_us(self._floor(_to_us(t)))
         except OverflowError:
             return None
 
     def describe(self) -> str:
-        """``every 10s``, with ``from <anchor>`` when the anchor is not the epoch."""
-        text = f"every {_format_interval(self.interval)}"
+        """``every 10s``, plus ``from <anchor>`` unless anchored at the epoch."""
+        text = f"every {_format(self.interval)}"
         return text if self.anchor == EPOCH else f"{text} from {self.anchor.isoformat()}"
 
     @property
@@ -158,15 +150,13 @@ class Every:
 
 @dataclass(frozen=True)
 class Cron:
-    """A cron expression evaluated in an IANA time zone, with classic cron DST rules.
+    """A cron expression in an IANA time zone, with classic cron's DST rule (see module).
 
-    Five fields (minute hour day-of-month month day-of-week) or six with the
-    seconds field *last*, croniter's default (``* * * * * */15`` is every 15
-    seconds). Quartz and APScheduler put seconds first; following croniter keeps
-    an expression meaning the same here as in croniter itself. Aliases such as
-    ``@hourly`` and ``@daily`` are accepted; croniter's random ``R`` and hashed
-    ``H`` values are refused because instances would disagree on the grid.
-    See the module docstring for the daylight saving time rule.
+    Five fields (minute hour day-of-month month day-of-week), or six with the seconds
+    field *last*, croniter's default: ``* * * * * */15`` is every 15 seconds. Quartz
+    and APScheduler put seconds first; following croniter keeps an expression
+    meaning here what it means in croniter. ``@hourly``, ``@daily`` and croniter's
+    other aliases are accepted; its random ``R`` and hashed ``H`` values are not.
     """
 
     expression: str
@@ -179,8 +169,7 @@ class Cron:
         if not isinstance(self.expression, str):
             raise ConfigurationError(f"cron={self.expression!r}: expected a string")
         label = f"cron {self.expression!r}"
-        text = _ALIASES.get(self.expression.strip().lower(), self.expression)
-        fields = _FIELD_SPLIT.findall(text)
+        fields = _SPLIT.findall(_ALIASES.get(self.expression.strip().lower(), self.expression))
         if len(fields) not in (5, 6):
             raise ConfigurationError(
                 f"{label}: expected 5 fields (minute hour day-of-month month day-of-week)"
@@ -201,21 +190,19 @@ class Cron:
         object.__setattr__(self, "_hourly", parser.expanded[1] == ["*"])
         try:
             self._wall_at_or_after(0)
-        except CroniterBadDateError as exc:  # e.g. "0 0 30 2 *" parses but never fires
+        except CroniterBadDateError as exc:  # "0 0 30 2 *" parses, but never fires
             raise ConfigurationError(f"{label}: matches no date") from exc
 
     def next_after(self, t: datetime) -> datetime:
         """The first slot strictly after ``t``."""
-        # Cron slots are whole seconds, so "after t" is "at or after t + 1 us".
-        return _from_us(self._first_at_or_after(_to_us(t) + 1))
+        return _from_us(self._first_at_or_after(_to_us(t) + 1))  # slots are whole seconds
 
     def latest_at_or_before(self, t: datetime) -> datetime | None:
         """The last slot at or before ``t``, or None if croniter finds none."""
         try:
-            found = self._last_at_or_before(_to_us(t))
+            return _from_us(self._last_at_or_before(_to_us(t)))
         except (CroniterBadDateError, OverflowError):
             return None
-        return _from_us(found)
 
     def describe(self) -> str:
         """``cron '0 8 * * *' Europe/Athens``."""
@@ -226,10 +213,10 @@ class Cron:
         """A sound lower bound on the gap between consecutive slots.
 
         On the naive calendar: the smallest step of the finest field with more than
-        one value (seconds, minutes, hours), else a day. A spring-forward brings
+        one value (second, minute, hour), else a day. A spring-forward brings
         fixed-time slots closer by up to the zone's largest offset change; hourly
-        jobs keep their gaps unless the zone shifts by a fraction of an hour. The
-        bound never drops below the expression's granularity (1 minute, or 1 s).
+        slots keep their gaps unless the zone shifts by a fraction of an hour. Never
+        below the expression's granularity (1 minute, or 1 s with a seconds field).
         """
         expanded = self._parser.expanded
         granularity = 1 if len(expanded) == 6 else 60
@@ -238,8 +225,7 @@ class Cron:
         for values, period, unit in [*levels, (expanded[0], 60, 60), (expanded[1], 24, 3600)]:
             points = list(range(period)) if values == ["*"] else sorted(map(int, values))
             if len(points) > 1:
-                wrapped = [*points[1:], points[0] + period]
-                gap = min(b - a for a, b in zip(points, wrapped, strict=True)) * unit
+                gap = min(b - a for a, b in pairwise([*points, points[0] + period])) * unit
                 break
         shifts = _shifts(self.timezone)
         if self._hourly and any(shift % 3600 for shift in shifts):
@@ -249,60 +235,66 @@ class Cron:
         return timedelta(seconds=gap)
 
     def _first_at_or_after(self, x: int) -> int:
+        change = _last_change(self.timezone, x, x - 1)
+        if change is not None and self._gap_fires(change):
+            return x  # x is the very end of a gap
         while True:
             offset = _offset(self._zone, x)
             wall = self._wall_at_or_after(x + offset)
-            found = wall - offset
-            change = _next_change(self.timezone, x, found)
-            if change is None:
-                repeat = None if self._hourly else self._repeated(x, wall)
+            change = _next_change(self.timezone, x, wall - offset)
+            if change is None:  # the offset holds from x to the candidate
+                repeat = None if self._hourly else self._repeat(x, wall)
                 if repeat is None:
-                    return found
-                at, before, after = repeat
-                x = at + before - after  # its first occurrence has passed: skip the rerun
-                continue
-            at, before, after = change
-            gap = not self._hourly and after > before
-            if gap and self._wall_at_or_after(at + before) < at + after:
-                return at  # a wall time inside the gap fires at the gap's end
-            x = at
+                    return wall - offset
+                x = repeat[0] + repeat[1] - repeat[2]  # first occurrence passed: skip the rerun
+            elif self._gap_fires(change):
+                return change[0]
+            else:
+                x = change[0]
 
     def _last_at_or_before(self, x: int) -> int:
         while True:
             offset = _offset(self._zone, x)
             wall = self._wall_at_or_before(x + offset)
-            found = wall - offset
-            change = _last_change(self.timezone, x, found)
+            change = _last_change(self.timezone, x, wall - offset)
             if change is None:
-                repeat = None if self._hourly else self._repeated(found, wall)
+                repeat = None if self._hourly else self._repeat(wall - offset, wall)
                 if repeat is None:
-                    return found
-                x = repeat[0] - 1  # a rerun wall time: its slot lies before the change
-                continue
-            at, before, after = change
-            gap = not self._hourly and after > before
-            if gap and self._wall_at_or_before(at + after - 1) >= at + before:
-                return at
-            x = at - 1
+                    return wall - offset
+                x = repeat[0] - 1  # a rerun: the first occurrence lies before the change
+            elif self._gap_fires(change):
+                return change[0]
+            else:
+                x = change[0] - 1
 
-    def _repeated(self, x: int, wall: int) -> tuple[int, int, int] | None:
-        """The fall-back that makes ``wall`` (read at instant ``x``) a repeat, if any."""
+    def _gap_fires(self, change: tuple[int, int, int]) -> bool:
+        """Whether a spring-forward skips a wall time of this fixed-time job.
+
+        If so, the job fires once at the gap's end, the instant of the change.
+        """
+        at, before, after = change
+        return (
+            not self._hourly and before < after and self._wall_at_or_after(at + before) < at + after
+        )
+
+    def _repeat(self, x: int, wall: int) -> tuple[int, int, int] | None:
+        """The fall-back that makes ``wall``, read at instant ``x``, a second occurrence."""
         change = _last_change(self.timezone, x, x - _DAY)
         if change is not None and change[1] > change[2] and wall < change[0] + change[1]:
             return change
         return None
 
     def _wall_at_or_after(self, wall: int) -> int:
-        # croniter's get_next is strictly after, at whole-second (or minute)
-        # granularity: start one second before the wall time rounded up.
+        # get_next is strictly after, at whole seconds (or minutes): start 1 s before
+        # the wall time rounded up. A copy, because croniter keeps its position.
         start = -(-wall // _SECOND) * _SECOND - _SECOND
-        found = copy.copy(self._parser).get_next(datetime, _naive(start))
+        found = copy.copy(self._parser).get_next(datetime, _NAIVE_EPOCH + start * _US)
         return (found - _NAIVE_EPOCH) // _US
 
     def _wall_at_or_before(self, wall: int) -> int:
-        # get_prev subtracts 1 us and truncates: half a second in lands on the wall.
+        # get_prev subtracts 1 us, then truncates: half a second in lands on the wall.
         start = wall // _SECOND * _SECOND + _SECOND // 2
-        found = copy.copy(self._parser).get_prev(datetime, _naive(start))
+        found = copy.copy(self._parser).get_prev(datetime, _NAIVE_EPOCH + start * _US)
         return (found - _NAIVE_EPOCH) // _US
 
 
@@ -313,10 +305,9 @@ def make_schedule(
     timezone: str | None = None,
     anchor: datetime | None = None,
 ) -> Schedule:
-    """Build a schedule from a job's keyword arguments.
+    """The schedule of a job: exactly one of ``every=`` (seconds or a timedelta) and ``cron=``.
 
-    Exactly one of ``every=`` (seconds as a number, or a timedelta) and ``cron=``.
-    ``timezone=`` applies to cron only, ``anchor=`` to every only.
+    ``timezone=`` (default UTC) applies to cron only, ``anchor=`` to every only.
     """
     if (every is None) == (cron is None):
         which = "both" if every is not None else "neither"
@@ -337,8 +328,8 @@ def make_schedule(
 
 
 def _check_field(label: str, fields: list[str], index: int) -> None:
-    """Validate one field alone, so the error can say which field is wrong."""
-    token, name = fields[index], _FIELD_NAMES[index]
+    """Validate one field alone, so that the error names the field that is wrong."""
+    token, name = fields[index], _FIELDS[index]
     if any(_RANDOM_OR_HASHED.match(part) for part in token.split(",")):
         raise ConfigurationError(
             f"{label}: {name} field {token!r}: random (R) and hashed (H) values are not"
@@ -351,14 +342,10 @@ def _check_field(label: str, fields: list[str], index: int) -> None:
     except ValueError as exc:
         reason = str(exc)
         if "out of range" in reason or "out of bands" in reason:
-            why = f"is out of range {_FIELD_RANGES[index]}"
+            why = f"is out of range {_RANGES[index]}"
         else:
             why = "has an invalid step" if "step" in reason else "is not valid"
         raise ConfigurationError(f"{label}: {name} field {token!r} {why}") from exc
-
-
-def _is_fixed_offset(key: str) -> bool:
-    return key in _FIXED_OFFSET_ZONES or key.startswith("Etc/")
 
 
 def _to_us(t: datetime) -> int:
@@ -368,50 +355,48 @@ def _to_us(t: datetime) -> int:
 
 
 def _from_us(x: int) -> datetime:
-    return EPOCH + timedelta(microseconds=x)
-
-
-def _naive(wall: int) -> datetime:
-    return _NAIVE_EPOCH + timedelta(microseconds=wall)
+    return EPOCH + x * _US
 
 
 def _offset(zone: ZoneInfo, x: int) -> int:
-    """The UTC offset of ``zone`` at instant ``x``, in microseconds."""
     offset = _from_us(x).astimezone(zone).utcoffset()
     return 0 if offset is None else offset // _US  # never None for a ZoneInfo
 
 
-@cache  # a few hundred zones at most
-def _shifts(key: str) -> frozenset[int]:
-    """The sizes in seconds of the offset changes of zone ``key``, 1970-2100.
+def _new_year(year: int) -> int:
+    return _to_us(datetime(year, 1, 1, tzinfo=timezone.utc))
 
-    Sampled in January and July, which tell standard time from summer time in
-    both hemispheres; only :attr:`Cron.min_interval` relies on it.
+
+def _is_fixed_offset(key: str) -> bool:
+    return key in _FIXED_OFFSET_ZONES or key.startswith("Etc/")
+
+
+@cache  # one entry per zone in use
+def _shifts(key: str) -> frozenset[int]:
+    """The sizes in seconds of zone ``key``'s offset changes, 1970-2100.
+
+    Sampled in January and July, which tell standard from summer time in both
+    hemispheres; only :attr:`Cron.min_interval` relies on it.
     """
     zone = ZoneInfo(key)
     samples = [
-        datetime(year, month, 15, tzinfo=_UTC).astimezone(zone).utcoffset()
+        _offset(zone, _to_us(datetime(year, month, 15, tzinfo=timezone.utc)))
         for year in range(1970, 2100)
         for month in (1, 7)
     ]
-    return frozenset(
-        abs(b - a) // timedelta(seconds=1)  # type: ignore[operator]
-        for a, b in itertools.pairwise(samples)
-        if a != b
-    )
+    return frozenset(abs(b - a) // _SECOND for a, b in pairwise(samples) if a != b)
 
 
-@lru_cache(maxsize=2048)
-def _changes_in_year(key: str, year: int) -> tuple[tuple[int, int, int], ...]:
+@lru_cache(maxsize=4096)
+def _changes(key: str, year: int) -> tuple[tuple[int, int, int], ...]:
     """The offset changes of zone ``key`` in (Jan 1 ``year``, Jan 1 ``year + 1``] UTC.
 
-    Each is ``(instant, offset before, offset after)`` in microseconds. zoneinfo
-    does not expose its transitions, so the year is probed daily and each change
-    bisected to the second; tzdata never changes a zone's offset twice in a day.
+    Each is ``(instant, offset before, offset after)``. zoneinfo does not expose its
+    transitions, so the year is probed daily and each change bisected to the second
+    (tzdata changes offsets on whole seconds, and never twice in a day).
     """
     zone = ZoneInfo(key)
-    low = _to_us(datetime(year, 1, 1, tzinfo=_UTC))
-    end = _to_us(datetime(year + 1, 1, 1, tzinfo=_UTC))
+    low, end = _new_year(year), _new_year(year + 1)
     before, changes = _offset(zone, low), []
     while low < end:
         high = min(low + _DAY, end)
@@ -419,10 +404,7 @@ def _changes_in_year(key: str, year: int) -> tuple[tuple[int, int, int], ...]:
         if after != before:
             while high - low > _SECOND:
                 middle = low + (high - low) // 2 // _SECOND * _SECOND
-                if _offset(zone, middle) == before:
-                    low = middle
-                else:
-                    high = middle
+                low, high = (middle, high) if _offset(zone, middle) == before else (low, middle)
             after = _offset(zone, high)
             changes.append((high, before, after))
         low, before = high, after
@@ -431,41 +413,26 @@ def _changes_in_year(key: str, year: int) -> tuple[tuple[int, int, int], ...]:
 
 def _next_change(key: str, x: int, limit: int) -> tuple[int, int, int] | None:
     """The first offset change at an instant in ``(x, limit]``."""
-    if _is_fixed_offset(key):
-        return None
     year = _from_us(x).year
-    while _to_us(datetime(year, 1, 1, tzinfo=_UTC)) < limit:
-        for change in _changes_in_year(key, year):
-            if change[0] > limit:
-                return None
+    while not _is_fixed_offset(key) and _new_year(year) < limit:
+        for change in _changes(key, year):
             if change[0] > x:
-                return change
+                return change if change[0] <= limit else None
         year += 1
     return None
 
 
 def _last_change(key: str, x: int, limit: int) -> tuple[int, int, int] | None:
     """The last offset change at an instant in ``(limit, x]``."""
-    if _is_fixed_offset(key):
-        return None
     year = _from_us(x).year
-    while _to_us(datetime(year + 1, 1, 1, tzinfo=_UTC)) > limit:
-        for change in reversed(_changes_in_year(key, year)):
-            if change[0] <= limit:
-                return None
+    while not _is_fixed_offset(key) and _new_year(year + 1) > limit:
+        for change in reversed(_changes(key, year)):
             if change[0] <= x:
-                return change
+                return change if change[0] > limit else None
         year -= 1
     return None
 
 
-def _format_interval(interval: timedelta) -> str:
-    micros = abs(interval // _US)
-    parts = []
-    for unit, size in (("d", 86_400 * _SECOND), ("h", 3600 * _SECOND), ("m", 60 * _SECOND)):
-        count, micros = divmod(micros, size)
-        if count:
-            parts.append(f"{count}{unit}")
-    if micros or not parts:
-        parts.append(f"{micros / _SECOND:.6f}".rstrip("0").rstrip(".") + "s")
-    return ("-" if interval < timedelta(0) else "") + "".join(parts)
+def _format(interval: timedelta) -> str:
+    """``10s``, ``1.5s``, ``-2s``: an interval in seconds, as ``every=`` takes it."""
+    return f"{interval / timedelta(seconds=1):.3f}".rstrip("0").rstrip(".") + "s"

@@ -1,0 +1,146 @@
+"""Every row of the failure table with real processes, real signals and a real store."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from tests.scenarios.harness import Line, anchor_soon, slot_seconds
+
+pytestmark = pytest.mark.scenario
+
+NAMES = ("a", "b", "c")
+
+
+def runs_of(lines: list[Line], slot_id: str) -> list[Line]:
+    return [line for line in lines if line["kind"] == "start" and line["slot_id"] == slot_id]
+
+
+def test_every_slot_runs_exactly_once_spread_over_instances(fleet_factory: Any) -> None:
+    fleet = fleet_factory(every=1, work=0.2, lease=3)
+    fleet.start(*NAMES)
+    began = time.time()
+    time.sleep(33)
+    fleet.stop_all()
+    starts = [line for line in fleet.starts() if slot_seconds(line["slot_id"]) > began + 1]
+    per_slot = Counter(line["slot_id"] for line in starts)
+    seconds = sorted(slot_seconds(s) for s in per_slot)
+    assert len(seconds) >= 30
+    # No slot missed: consecutive seconds from the first to the last.
+    assert seconds == [seconds[0] + k for k in range(len(seconds))]
+    duplicates = {s: n for s, n in per_slot.items() if n > 1}
+    assert duplicates == {}
+    assert {line["attempt"] for line in starts} == {1}
+    assert len({line["instance"] for line in starts}) >= 2
+
+
+def test_killed_runner_is_taken_over_as_attempt_2(fleet_factory: Any) -> None:
+    fleet = fleet_factory(every=30, anchor=anchor_soon(3), work=6, lease=2)
+    fleet.start(*NAMES)
+    first = fleet.first_start()
+    killed_at = fleet.kill(first["instance"])
+    again = fleet.wait_for(
+        lambda ls: [x for x in runs_of(ls, first["slot_id"]) if x["attempt"] == 2], 10, "attempt 2"
+    )[0]
+    assert again["instance"] != first["instance"]
+    assert again["token"] > first["token"]
+    assert again["t"] - killed_at <= 2 + 1.5
+    assert len(runs_of(fleet.lines(), first["slot_id"])) == 2
+
+
+def test_frozen_runner_is_taken_over_then_learns_it_lost(fleet_factory: Any) -> None:
+    fleet = fleet_factory(every=60, anchor=anchor_soon(3), work=8, lease=2)
+    fleet.start(*NAMES)
+    first = fleet.first_start()
+    fleet.signal(first["instance"], signal.SIGSTOP)
+    time.sleep(2 + 2)  # longer than the lease
+    takeover = fleet.wait_for(
+        lambda ls: [x for x in runs_of(ls, first["slot_id"]) if x["attempt"] == 2], 5, "takeover"
+    )[0]
+    assert takeover["instance"] != first["instance"]
+    fleet.signal(first["instance"], signal.SIGCONT)
+
+    def original(kind: str) -> Any:
+        return lambda ls: [
+            x for x in ls if x["kind"] == kind and x["instance"] == first["instance"]
+        ]
+
+    fleet.wait_for(original("lost"), 10, "the lost-lease event")  # renewal refused
+    aborted = fleet.wait_for(original("abort"), 10, "the handler to see run.lost")[0]
+    assert aborted["attempt"] == 1
+    fleet.wait_for(original("finish_refused"), 10, "the refused finish")
+    ends = [x for x in fleet.lines() if x["kind"] == "end" and x["slot_id"] == first["slot_id"]]
+    assert [x["attempt"] for x in ends] in ([], [2])
+    assert len(runs_of(fleet.lines(), first["slot_id"])) == 2
+
+
+def test_sigterm_hands_the_run_over_at_once(fleet_factory: Any) -> None:
+    fleet = fleet_factory(every=60, anchor=anchor_soon(3), work=8, lease=10)
+    fleet.start(*NAMES)
+    first = fleet.first_start()
+    time.sleep(0.5)
+    stopped_at = fleet.signal(first["instance"], signal.SIGTERM)
+    again = fleet.wait_for(
+        lambda ls: [x for x in runs_of(ls, first["slot_id"]) if x["attempt"] == 2], 5, "hand-over"
+    )[0]
+    assert again["t"] - stopped_at <= 1.5  # far less than the 10 s lease
+    lines = fleet.lines()
+    assert any(x["kind"] == "handed_over" and x["instance"] == first["instance"] for x in lines)
+    assert any(x["kind"] == "down" and x["instance"] == first["instance"] for x in lines)
+
+
+def test_all_instances_killed_mid_run_then_restarted_run_the_slot_again(
+    fleet_factory: Any,
+) -> None:
+    fleet = fleet_factory(every=60, anchor=anchor_soon(3), work=20, lease=2)
+    fleet.start(*NAMES)
+    first = fleet.first_start()
+    for name in NAMES:
+        fleet.kill(name)
+    fleet.start("d", "e", "f", work=1)
+    again = fleet.wait_for(
+        lambda ls: [x for x in runs_of(ls, first["slot_id"]) if x["attempt"] == 2], 10, "re-run"
+    )
+    assert len(again) == 1
+    assert again[0]["instance"] in ("d", "e", "f")
+    time.sleep(2)
+    assert len(runs_of(fleet.lines(), first["slot_id"])) == 2
+
+
+def test_all_down_across_a_slot_then_restarted_inside_the_window(fleet_factory: Any) -> None:
+    fleet = fleet_factory(every=6, anchor=anchor_soon(2), work=0.2)
+    fleet.start(*NAMES)
+    first = fleet.first_start()
+    time.sleep(1)
+    for name in NAMES:
+        fleet.kill(name)
+    missed = f"tick@{int((slot_seconds(first['slot_id']) + 6) * 1000)}"
+    time.sleep(max(0.0, slot_seconds(missed) + 1.5 - time.time()))
+    assert runs_of(fleet.lines(), missed) == []
+    fleet.start("d", "e", "f")
+    fleet.wait_for(lambda ls: runs_of(ls, missed), 5, "the catch-up")
+    time.sleep(1.5)
+    runs = runs_of(fleet.lines(), missed)
+    assert len(runs) == 1
+    assert any(x["kind"] == "catch_up" and x["slot_id"] == missed for x in fleet.lines())
+
+
+def test_a_handler_longer_than_its_interval_never_runs_twice_at_once(fleet_factory: Any) -> None:
+    fleet = fleet_factory(every=1, work=2.5, lease=3)
+    fleet.start(*NAMES)
+    time.sleep(12)
+    fleet.stop_all()
+    lines = fleet.lines()
+    spans = []
+    for start in [x for x in lines if x["kind"] == "start"]:
+        end = [x for x in lines if x["kind"] == "end" and x["slot_id"] == start["slot_id"]]
+        spans.append((start["t"], end[0]["t"] if end else float("inf")))
+    spans.sort()
+    assert len(spans) >= 3
+    for (_, end), (begin, _) in zip(spans, spans[1:]):
+        assert end <= begin
+    assert sum(x["kind"] == "overlap" for x in lines) >= 6
