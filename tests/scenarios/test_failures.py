@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import signal
 import time
 from collections import Counter
@@ -141,6 +142,6 @@ def test_a_handler_longer_than_its_interval_never_runs_twice_at_once(fleet_facto
         spans.append((start["t"], end[0]["t"] if end else float("inf")))
     spans.sort()
     assert len(spans) >= 3
-    for (_, end), (begin, _) in zip(spans, spans[1:]):
+    for (_, end), (begin, _) in itertools.pairwise(spans):
         assert end <= begin
     assert sum(x["kind"] == "overlap" for x in lines) >= 6
