@@ -34,7 +34,9 @@ def status(store: Store, out: TextIO) -> None:
         rows.append(row)
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     for row in rows:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip(), file=out)
+        print(
+            "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip(), file=out
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -140,12 +140,16 @@ class Job:
         configured = DEFAULT_JITTER if self.options.jitter is None else self.options.jitter
         return min(configured, self.schedule.min_interval.total_seconds() / 10)
 
-    @property
-    def catch_up(self) -> float:
-        """How late (seconds) a slot may still be claimed."""
+    def catch_up_for(self, slot: datetime) -> float:
+        """How late (seconds) ``slot`` may still be claimed.
+
+        By default one interval (the gap from ``slot`` to the next slot, which
+        for cron schedules varies), capped at one hour.
+        """
         if self.options.catch_up is not None:
             return self.options.catch_up
-        return min(self.schedule.min_interval.total_seconds(), MAX_DEFAULT_CATCH_UP)
+        gap = (self.schedule.next_after(slot) - slot).total_seconds()
+        return min(gap, MAX_DEFAULT_CATCH_UP)
 
     @property
     def takes_run(self) -> bool:

@@ -50,6 +50,8 @@ ON_TIME = 1.0
 BACKOFF_MIN, BACKOFF_MAX = 0.1, 2.0
 #: The longest the loop sleeps, so that wall-clock jumps are noticed.
 MAX_SLEEP = 1.0
+#: The longest :meth:`Scheduler.stop` waits for the hand-over to reach the store.
+HANDOVER_WAIT = 10.0
 
 _LEVELS = {
     "won": logging.DEBUG,
@@ -94,7 +96,7 @@ class _Watch:
 class _Runtime:
     """Per-job state of this instance."""
 
-    __slots__ = ("active", "claim_at", "job", "next_slot", "ready", "watch")
+    __slots__ = ("active", "claim_at", "job", "next_slot", "ready", "removed", "watch")
 
     def __init__(self, job: Job) -> None:
         self.job = job
@@ -103,6 +105,7 @@ class _Runtime:
         self.watch: _Watch | None = None
         self.active: _Active | None = None
         self.ready = False
+        self.removed = False
 
 
 class Scheduler:
@@ -225,16 +228,21 @@ class Scheduler:
         )
         job = Job(name=name, handler=handler, schedule=schedule, options=options)
         with self._lock:
-            if job.name in self._runtimes:
+            existing = self._runtimes.get(job.name)
+            if existing is not None and not existing.removed:
                 raise ConfigurationError(f"duplicate job name {job.name!r}")
             self._runtimes[job.name] = _Runtime(job)
         self._wake.set()
         return job
 
     def remove_job(self, name: str) -> None:
-        """Stop scheduling ``name``; a run in progress goes on and finishes."""
+        """Stop scheduling ``name``. A run in progress keeps its lease and finishes."""
         with self._lock:
-            self._runtimes.pop(name)
+            rt = self._runtimes[name]
+            rt.removed = True
+            rt.next_slot = rt.watch = None
+            if rt.active is None:
+                del self._runtimes[name]
 
     @property
     def jobs(self) -> dict[str, Job]:
@@ -268,21 +276,22 @@ class Scheduler:
     def stop(self, timeout: float = 5.0) -> None:
         """Stop gracefully: hand every held run over to a backup at once.
 
-        Runs that already returned are finished first. Handlers still running
-        are told (``run.lost``, ``run.check()``) and given up to ``timeout``
-        seconds to return.
+        Runs that already returned are finished first. The hand-over itself is
+        always waited for (at most ``HANDOVER_WAIT`` seconds if the store hangs).
+        Handlers still running are told (``run.lost``, ``run.check()``) and
+        given what is left of ``timeout`` seconds to return.
         """
+        deadline = self._clock.monotonic() + timeout
         self._stopping.set()
         self._wake.set()
         thread, self._thread = self._thread, None
         if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout)
+            thread.join(max(timeout, HANDOVER_WAIT))
         else:
             self._shutdown()
-        deadline = self._clock.monotonic() + timeout
         for handler_thread in list(self._handler_threads):
             handler_thread.join(max(0.0, deadline - self._clock.monotonic()))
-        if self._owns_store:
+        if self._owns_store and (thread is None or not thread.is_alive()):
             self.store.close()
 
     def run_forever(self) -> None:
@@ -310,7 +319,10 @@ class Scheduler:
         self._shutdown()
 
     def _shutdown(self) -> None:
-        self._finish_completed()
+        try:
+            self._finish_completed()
+        except StoreUnavailable as exc:
+            log.warning("anarchon: could not finish runs while stopping: %s", exc)
         for rt in self._snapshot():
             active = rt.active
             if active is None:
@@ -361,7 +373,7 @@ class Scheduler:
 
     def _initialise(self) -> None:
         """Place new jobs on their schedule: catch up, or back up a running slot."""
-        new = [rt for rt in self._snapshot() if not rt.ready]
+        new = [rt for rt in self._snapshot() if not rt.ready and not rt.removed]
         if not new:
             return
         states = self.store.states(rt.job.name for rt in new)
@@ -376,7 +388,13 @@ class Scheduler:
                 pass
             elif record.slot_ms == to_ms(previous):
                 self._watch(rt, record)
-            elif record.slot_ms < to_ms(previous) and self._lateness(previous) <= rt.job.catch_up:
+            elif (
+                record.slot_ms < to_ms(previous)
+                and self._lateness(previous) <= rt.job.catch_up_for(previous)
+                # A slot that came while the previous run still held its lease was
+                # skipped as an overlap, not missed: it is not caught up.
+                and record.lease_remaining + self._lateness(previous) <= 0
+            ):
                 rt.next_slot = previous
             self._place(rt)
 
@@ -408,9 +426,11 @@ class Scheduler:
             slot = rt.next_slot
             latest = rt.job.schedule.latest_at_or_before(self._now())
             if latest is not None and latest > slot:
+                # Slots passed while this instance could not claim (paused, store down):
+                # only the most recent one may still be claimed, never a backlog.
                 self._emit("missed", rt.job.name, slot_id(rt.job.name, slot), None, "skipped")
-                slot = latest
-            limit = max(rt.job.catch_up, rt.job.jitter + ON_TIME)
+                slot = rt.next_slot = latest
+            limit = max(rt.job.catch_up_for(slot), rt.job.jitter + ON_TIME)
             if now - slot.timestamp() > limit:
                 self._emit("missed", rt.job.name, slot_id(rt.job.name, slot), None, "too late")
                 self._advance(rt, slot)
@@ -441,7 +461,7 @@ class Scheduler:
             self._begin(rt, slot, holder)
         elif claim.status is ClaimStatus.TAKEN:
             self._emit("taken", name, sid, holder.attempt if holder else None)
-            if holder is not None and holder.owner != self.instance:
+            if holder is not None:
                 self._watch(rt, holder)
         elif claim.status is ClaimStatus.BUSY:
             running = slot_id(name, from_ms(holder.slot_ms)) if holder else "?"
@@ -452,7 +472,9 @@ class Scheduler:
             self._emit("taken", name, sid, None, "a newer slot is recorded")
 
     def _watch(self, rt: _Runtime, holder: JobState) -> None:
-        if holder.state in (RunState.DONE, RunState.FAILED) or holder.owner == self.instance:
+        # Judged by token, not by name: a restarted process may reuse its name.
+        held = rt.active is not None and rt.active.run.token == holder.token
+        if held or holder.state in (RunState.DONE, RunState.FAILED):
             return
         rt.watch = _Watch(holder.slot_ms, holder.token, self._clock.monotonic())
         if not holder.lapsed:
@@ -518,7 +540,7 @@ class Scheduler:
             result = handler(run) if rt.job.takes_run else handler()
             if inspect.isawaitable(result):
                 asyncio.run(_await(result))
-        except Exception:
+        except BaseException:  # even SystemExit: the run must end, not hold its lease forever
             outcome = RunState.FAILED
             log.exception(
                 "anarchon: job %s failed (%s attempt %d)", run.job, run.slot_id, run.attempt
@@ -539,6 +561,9 @@ class Scheduler:
                 raise
             if rt.active is not None and rt.active.run is run:
                 rt.active = None
+                if rt.removed:
+                    with self._lock:
+                        self._runtimes.pop(run.job, None)
             if finished:
                 kind = "finished" if outcome is RunState.DONE else "failed"
                 self._emit(kind, run.job, run.slot_id, run.attempt)

@@ -16,8 +16,9 @@ clock, so instances whose clocks disagree cannot take a live lease early.
     - no record yet, or the record holds an older slot that is finished
       (``done``/``failed``), handed over (``released``) or whose lease has
       lapsed: **won**. ``attempt`` is 1, ``token`` is the previous token + 1.
-      A previous run left ``running`` or ``released`` is recorded in the
-      history as ``abandoned``: a newer slot supersedes it, it is not retried;
+      A previous run left ``running`` (its lease lapsed) is recorded in the
+      history as ``abandoned``: a newer slot supersedes it, it is not retried
+      (a ``released`` one stays ``released``);
     - the record holds an older slot whose lease is live: **busy** (the
       previous run is still going; this slot is skipped, "overlap");
     - the record holds this very slot: **taken**;

@@ -271,3 +271,85 @@ def _dt(ts: float):  # type: ignore[no-untyped-def]
 
 def _ts(sid: str) -> float:
     return int(sid.rsplit("@", 1)[1]) / 1000
+
+
+def test_a_restarted_instance_reusing_its_name_takes_over_its_predecessors_slot() -> None:
+    cluster = Cluster()
+    cluster.add("a", every(cluster, 60, 20), lease=3)
+    cluster.run(61)
+    first = cluster.spans[0]
+    cluster.kill("a")
+    cluster.all.pop("a")
+    cluster.dead.discard("a")
+    cluster.add("a", every(cluster, 60, 1), lease=3)
+    cluster.run(6)
+    assert [s.attempt for s in cluster.slots("job")[first.slot_id]] == [1, 2]
+
+
+def test_removing_a_job_lets_its_run_finish_under_its_lease() -> None:
+    cluster = Cluster()
+    a = cluster.add("a", every(cluster, 60, 8), lease=3)
+    cluster.add("b", lambda s: None)
+    cluster.run(61)
+    a.remove_job("job")
+    cluster.run(60)
+    assert cluster.kinds("takeover") == []
+    assert [r.state for r in cluster.store.history("job")] == [RunState.DONE]
+    assert a.jobs == {}
+    assert len(cluster.spans) == 1  # no later slot was claimed
+
+
+def test_system_exit_in_a_handler_fails_the_run_instead_of_holding_the_lease() -> None:
+    cluster = Cluster()
+
+    def leave() -> None:
+        raise SystemExit(3)
+
+    cluster.add("a", lambda s: s.add_job(leave, name="leave", every=2))
+    cluster.run(5.5)
+    assert [r.state for r in cluster.store.history("leave")] == [RunState.FAILED] * 2
+
+
+def test_missed_slots_are_counted_once_during_an_outage() -> None:
+    cluster = Cluster()
+    cluster.store = store = FlakyStore(clock=cluster.clock)
+    a = cluster.add("a", every(cluster, 5, 0.1), catch_up=0)
+    cluster.run(1)
+    store.down = True
+    cluster.run(30)
+    store.down = False
+    cluster.run(1)
+    assert a.stats.get("missed", 0) <= 7  # one per slot that passed, not one per retry
+
+
+def test_a_slot_skipped_as_overlap_is_not_caught_up_by_a_late_starter() -> None:
+    cluster = Cluster()
+    cluster.add("a", every(cluster, 10, 14), lease=3)
+    cluster.run(25)  # the run of :10 lasts until :24, so :20 was skipped as an overlap
+    assert [s.slot_id for s in cluster.spans] == [slot_id("job", _dt(START + 10))]
+    cluster.add("b", every(cluster, 10, 1), lease=3)
+    cluster.run(4)
+    assert [s.slot_id for s in cluster.spans] == [slot_id("job", _dt(START + 10))]
+
+
+def test_stop_hands_over_even_with_no_time_to_wait(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import threading
+
+    from anarchon_core.stores.sqlite import SQLiteStore
+
+    store = SQLiteStore(str(tmp_path / "stop.db"))
+    started = threading.Event()
+
+    def slow(run) -> None:  # type: ignore[no-untyped-def]
+        started.set()
+        while not run.lost:
+            threading.Event().wait(0.02)
+
+    scheduler = Scheduler(store, lease=30, jitter=0)
+    scheduler.add_job(slow, name="slow", every=1)
+    scheduler.start()
+    assert started.wait(5)
+    scheduler.stop(timeout=0)
+    state = store.state("slow")
+    assert state is not None and state.state is RunState.RELEASED
+    assert scheduler.stats.get("handed_over") == 1

@@ -29,8 +29,10 @@ US = timedelta(microseconds=1)
 HOUR = timedelta(hours=1)
 
 
-def utc(*args: int) -> datetime:
-    return datetime(*args, tzinfo=UTC)
+def utc(
+    year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0, us: int = 0
+) -> datetime:
+    return datetime(year, month, day, hour, minute, second, us, tzinfo=UTC)
 
 
 def take(schedule: Schedule, start: datetime, count: int) -> list[datetime]:
@@ -219,7 +221,7 @@ def test_a_fixed_time_job_fires_once_on_a_transition_day(
 ) -> None:
     schedule = make_schedule(cron=expression, timezone=zone)
     tz = ZoneInfo(zone)
-    start = datetime(*day, tzinfo=tz) - timedelta(days=1)
+    start = datetime(*day).replace(tzinfo=tz) - timedelta(days=1)
     slots = between(schedule, start, start + timedelta(days=3))
     assert [s for s in slots if s.astimezone(tz).date() == expected.astimezone(tz).date()] == [
         expected
@@ -255,7 +257,7 @@ def test_half_past_every_hour_on_new_york_transition_days(
     day: tuple[int, int, int], count: int, twice: list[str], never: list[str]
 ) -> None:
     tz = ZoneInfo("America/New_York")
-    start = datetime(*day, tzinfo=tz)  # local midnight; + 1 day is the next local midnight
+    start = datetime(*day).replace(tzinfo=tz)  # local midnight; + 1 day is the next local midnight
     slots = between(make_schedule(cron="30 * * * *", timezone=tz.key), start, start + 24 * HOUR)
     readings = [s.astimezone(tz).strftime("%H:%M") for s in slots]
     assert len(slots) == count
