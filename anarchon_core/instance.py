@@ -21,6 +21,7 @@ import time
 from datetime import datetime, timezone
 from typing import Any
 
+from .clock import SkewedClock, SystemClock
 from .jobs import Event, Run
 from .scheduler import Scheduler
 
@@ -64,6 +65,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--catch-up", type=float, default=None)
     parser.add_argument("--watch", type=float, default=None)
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument(
+        "--skew", type=float, default=0.0, help="shift this instance's wall clock (seconds)"
+    )
     return parser.parse_args(argv)
 
 
@@ -81,6 +85,7 @@ def main(argv: list[str] | None = None) -> None:
         watch=args.watch,
         seed=args.seed,
         listener=report.event,
+        clock=SkewedClock(SystemClock(), args.skew) if args.skew else None,
     )
 
     def work(run: Run) -> None:

@@ -1,6 +1,8 @@
 """SQLite: the embedded default, for instances on one machine.
 
-URL: ``sqlite:///relative/path.db`` or ``sqlite:////absolute/path.db``.
+URL: ``sqlite:///relative/path.db`` or ``sqlite:////absolute/path.db``,
+optionally with ``?busy_timeout=SECONDS`` (default 10): how long a step
+waits for another writer's lock before the store counts as unavailable.
 
 The database runs in WAL mode; each step is one statement in its own
 ``BEGIN IMMEDIATE`` transaction (the write lock is taken up front, so
@@ -17,9 +19,10 @@ import threading
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from ..errors import ConfigurationError, StoreUnavailable
+from ..jobs import parse_duration
 from ..store import Claim, ClaimRequest, ClaimStatus, JobState, RunRecord, RunState, Store
 from . import _sql
 
@@ -179,6 +182,10 @@ class SQLiteStore(SQLDialectStore):
                 f"SQLite URL {url!r}: expected sqlite:///relative/path.db"
                 " or sqlite:////absolute/path.db"
             )
+        for key, value in parse_qsl(parts.query, keep_blank_values=True):
+            if key != "busy_timeout":
+                raise ConfigurationError(f"SQLite URL {url!r}: unknown option {key!r}")
+            options.setdefault("busy_timeout", parse_duration(key, value))
         return cls(unquote(parts.path[1:]), namespace=namespace, **options)
 
     def _connect(self) -> sqlite3.Connection:

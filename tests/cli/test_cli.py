@@ -78,3 +78,31 @@ def test_status_never_prints_a_password(capsys: pytest.CaptureFixture[str]) -> N
 def test_status_of_an_empty_namespace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["status", "--store", f"sqlite:///{tmp_path / 'e.db'}"]) == 0
     assert "no jobs recorded in namespace 'default'" in capsys.readouterr().out
+
+
+@pytest.mark.scenario
+def test_ctrl_c_stops_the_demo_cleanly() -> None:
+    import os
+    import signal
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "anarchon_core.cli", "demo", "--duration", "60"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    time.sleep(5)
+    # Ctrl-C in a terminal signals the whole process group: the demo and its instances.
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "interrupted" in out
+    assert re.search(r"slots: \d+, duplicates: 0", out)
+    assert "Traceback" not in err
+    time.sleep(0.5)
+    leftovers = subprocess.run(
+        ["pgrep", "-g", str(proc.pid)], capture_output=True, text=True, check=False
+    )
+    assert leftovers.stdout.strip() == ""

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from anarchon_core import open_store
 from tests.scenarios.harness import Line, anchor_soon, slot_seconds
 
 pytestmark = pytest.mark.scenario
@@ -145,3 +146,70 @@ def test_a_handler_longer_than_its_interval_never_runs_twice_at_once(fleet_facto
     for (_, end), (begin, _) in itertools.pairwise(spans):
         assert end <= begin
     assert sum(x["kind"] == "overlap" for x in lines) >= 6
+
+
+def test_a_newer_slot_supersedes_a_lapsed_run_which_is_not_retried(
+    fleet_factory: Any, store_url: str
+) -> None:
+    # Backups look rarely here (watch=20), so the next slot comes before any takeover.
+    fleet = fleet_factory(every=4, anchor=anchor_soon(2), work=30, lease=2, watch=20)
+    fleet.start(*NAMES)
+    first = fleet.first_start()
+    fleet.kill(first["instance"])
+    later = f"tick@{int((slot_seconds(first['slot_id']) + 4) * 1000)}"
+    fleet.wait_for(lambda ls: runs_of(ls, later), 8, "the next slot")
+    time.sleep(1)
+    assert len(runs_of(fleet.lines(), first["slot_id"])) == 1  # not retried
+    assert [x["attempt"] for x in runs_of(fleet.lines(), later)] == [1]
+    store = open_store(store_url, namespace="demo")
+    try:
+        states = {r.slot_ms: r.state.value for r in store.history("tick")}
+    finally:
+        store.close()
+    assert states[int(slot_seconds(first["slot_id"]) * 1000)] == "abandoned"
+
+
+def test_instances_on_different_schedule_versions_never_run_a_slot_twice(
+    fleet_factory: Any,
+) -> None:
+    fleet = fleet_factory(work=0.2, lease=3)
+    fleet.start("old1", "old2", every=2)
+    fleet.start("new", every=3)
+    time.sleep(14)
+    fleet.stop_all()
+    per_slot = Counter(line["slot_id"] for line in fleet.starts())
+    assert max(per_slot.values()) == 1
+    seconds = {int(slot_seconds(s)) for s in per_slot}
+    assert any(s % 3 == 0 and s % 2 for s in seconds)  # the new schedule's own slots ran
+    assert any(s % 2 == 0 and s % 3 for s in seconds)  # and the old one's
+
+
+@pytest.mark.parametrize("skews", [(5, -5, 0)])
+def test_skewed_clocks_cause_no_double_run_and_no_premature_takeover(
+    fleet_factory: Any, skews: tuple[int, ...]
+) -> None:
+    fleet = fleet_factory(work=0.3, lease=2)
+    for name, skew in zip(NAMES, skews, strict=True):
+        fleet.start(name, every=1, skew=skew)
+    time.sleep(10)
+    fleet.stop_all()
+    lines = fleet.lines()
+    per_slot = Counter(line["slot_id"] for line in lines if line["kind"] == "start")
+    assert len(per_slot) >= 8
+    assert max(per_slot.values()) == 1
+    assert [x for x in lines if x["kind"] in ("takeover", "lost")] == []
+
+
+def test_a_skewed_backup_does_not_take_a_live_lease_early(fleet_factory: Any) -> None:
+    fleet = fleet_factory(every=60, anchor=anchor_soon(3), work=7, lease=2)
+    for name, skew in zip(NAMES, (0, 5, -5), strict=True):
+        fleet.start(name, skew=skew)
+    first = fleet.first_start()
+    fleet.wait_for(
+        lambda ls: [x for x in ls if x["kind"] == "end" and x["slot_id"] == first["slot_id"]],
+        12,
+        "the run to end",
+    )
+    lines = fleet.lines()
+    assert [x for x in lines if x["kind"] in ("takeover", "lost", "abort")] == []
+    assert len(runs_of(lines, first["slot_id"])) == 1

@@ -353,3 +353,15 @@ def test_stop_hands_over_even_with_no_time_to_wait(tmp_path) -> None:  # type: i
     state = store.state("slow")
     assert state is not None and state.state is RunState.RELEASED
     assert scheduler.stats.get("handed_over") == 1
+
+
+def test_instances_on_different_schedule_versions_never_run_a_slot_twice() -> None:
+    cluster = Cluster()
+    cluster.add("old1", every(cluster, 2, 0.2))
+    cluster.add("old2", every(cluster, 2, 0.2))
+    cluster.add("new", every(cluster, 3, 0.2))
+    cluster.run(30.5)
+    slots = cluster.slots("job")
+    assert all(len(spans) == 1 for spans in slots.values())
+    seconds = {int(_ts(sid) - START) for sid in slots}
+    assert {2, 3, 4, 8, 9} <= seconds

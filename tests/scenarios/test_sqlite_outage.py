@@ -1,0 +1,48 @@
+"""The store becomes unreachable: another process holds SQLite's write lock."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests.scenarios.harness import Fleet, slot_seconds
+
+pytestmark = pytest.mark.scenario
+
+
+def test_instances_survive_a_locked_store_and_resume_without_duplicates(tmp_path: Path) -> None:
+    db = tmp_path / "outage.db"
+    fleet = Fleet(tmp_path, f"sqlite:///{db}?busy_timeout=0.5", every=1, work=0.2, lease=3)
+    try:
+        fleet.start("a", "b", "c")
+        time.sleep(3)
+        blocker = sqlite3.connect(db, isolation_level=None)
+        blocker.execute("BEGIN EXCLUSIVE")
+        locked_at = time.time()
+        time.sleep(6)
+        blocker.execute("COMMIT")
+        blocker.close()
+        unlocked_at = time.time()
+        time.sleep(5)
+        alive = {name: proc.poll() is None for name, proc in fleet.procs.items()}
+    finally:
+        fleet.stop_all()
+    assert alive == {"a": True, "b": True, "c": True}  # nobody crashed
+    lines = fleet.lines()
+    starts = [x for x in lines if x["kind"] == "start"]
+    per_slot = Counter(x["slot_id"] for x in starts)
+    assert max(per_slot.values()) == 1
+    # Nothing ran that could not be claimed while the store was locked.
+    during = [x for x in starts if locked_at + 0.5 < x["t"] < unlocked_at - 0.1]
+    assert during == []
+    for name in "abc":
+        kinds = {x["kind"] for x in lines if x["instance"] == name}
+        assert {"store_unavailable", "store_recovered"} <= kinds
+    resumed = [x for x in starts if x["t"] > unlocked_at]
+    assert resumed
+    assert resumed[0]["t"] - unlocked_at < 3
+    assert slot_seconds(resumed[-1]["slot_id"]) > unlocked_at + 3
