@@ -229,9 +229,14 @@ class Scheduler:
         job = Job(name=name, handler=handler, schedule=schedule, options=options)
         with self._lock:
             existing = self._runtimes.get(job.name)
-            if existing is not None and not existing.removed:
+            if existing is None:
+                self._runtimes[job.name] = _Runtime(job)
+            elif not existing.removed:
                 raise ConfigurationError(f"duplicate job name {job.name!r}")
-            self._runtimes[job.name] = _Runtime(job)
+            else:
+                # Removed while its last run goes on: that run keeps its lease under
+                # the new declaration, which schedules the slots after it.
+                existing.job, existing.removed, existing.ready = job, False, False
         self._wake.set()
         return job
 

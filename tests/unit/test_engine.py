@@ -365,3 +365,20 @@ def test_instances_on_different_schedule_versions_never_run_a_slot_twice() -> No
     assert all(len(spans) == 1 for spans in slots.values())
     seconds = {int(_ts(sid) - START) for sid in slots}
     assert {2, 3, 4, 8, 9} <= seconds
+
+
+def test_redeclaring_a_removed_job_during_its_last_run_keeps_that_run_and_the_new_job() -> None:
+    cluster = Cluster()
+    a = cluster.add("a", every(cluster, 60, 8), lease=3)
+    cluster.add("b", lambda s: None)
+    cluster.run(61)
+    a.remove_job("job")
+    a.add_job(cluster.handler(1), name="job", every=30)
+    cluster.run(30)
+    assert cluster.kinds("takeover") == []
+    assert cluster.kinds("finish_refused") == []
+    assert "job" in a.jobs
+    assert [s.slot_id for s in cluster.spans] == [
+        slot_id("job", _dt(START + 60)),
+        slot_id("job", _dt(START + 90)),
+    ]
