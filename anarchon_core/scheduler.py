@@ -335,6 +335,8 @@ class Scheduler:
             rt.active = None
             run = active.run
             run._lose("handed over during shutdown")
+            if not self.store.supports_lease:
+                continue
             try:
                 released = self.store.release(run.job, run.token)
             except StoreUnavailable as exc:
@@ -477,6 +479,8 @@ class Scheduler:
             self._emit("taken", name, sid, None, "a newer slot is recorded")
 
     def _watch(self, rt: _Runtime, holder: JobState) -> None:
+        if not self.store.supports_lease:
+            return
         # Judged by token, not by name: a restarted process may reuse its name.
         held = rt.active is not None and rt.active.run.token == holder.token
         if held or holder.state in (RunState.DONE, RunState.FAILED):
@@ -577,6 +581,8 @@ class Scheduler:
                 self._emit("finish_refused", run.job, run.slot_id, run.attempt)
 
     def _renew(self, now_mono: float, *, reachable: bool = True) -> None:
+        if not self.store.supports_lease:
+            return
         for rt in self._snapshot():
             active = rt.active
             if active is None or active.run.lost:

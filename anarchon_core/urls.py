@@ -18,6 +18,18 @@ from .store import Store
 SCHEMES: dict[str, tuple[str, str | None]] = {
     "memory": ("anarchon_core.stores.memory:MemoryStore", None),
     "sqlite": ("anarchon_core.stores.sqlite:SQLiteStore", None),
+    "redis": ("anarchon_core.stores.redis:RedisStore", "redis"),
+    "rediss": ("anarchon_core.stores.redis:RedisStore", "redis"),
+    "valkey": ("anarchon_core.stores.redis:RedisStore", "valkey"),
+    "valkeys": ("anarchon_core.stores.redis:RedisStore", "valkey"),
+    "postgresql": ("anarchon_core.stores.postgres:PostgresStore", "postgres"),
+    "postgres": ("anarchon_core.stores.postgres:PostgresStore", "postgres"),
+    "libsql": ("anarchon_core.stores.libsql:LibSQLStore", "libsql"),
+    "http": ("anarchon_core.stores.libsql:LibSQLStore", "libsql"),
+    "https": ("anarchon_core.stores.libsql:LibSQLStore", "libsql"),
+    "nats": ("anarchon_core.stores.nats:NatsStore", "nats"),
+    "amqp": ("anarchon_core.stores.rabbitmq:RabbitMQStore", "rabbitmq"),
+    "amqps": ("anarchon_core.stores.rabbitmq:RabbitMQStore", "rabbitmq"),
 }
 
 

@@ -14,6 +14,7 @@ it on the same port and data directory.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -108,10 +109,8 @@ class ServerProcess:
         proc, self.proc = self.proc, None
         if proc is None:
             return
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            pass
         try:
             proc.wait(20)
         except subprocess.TimeoutExpired:
@@ -200,18 +199,12 @@ def start_postgres(bindir: Path, name: str) -> ServerProcess:
     datadir = Path(tempfile.mkdtemp(prefix=f"{name}-"))
     if os.geteuid() == 0:
         shutil.chown(datadir, "postgres", "postgres")
-    subprocess.run(
-        as_postgres_user(
-            [str(bindir / "initdb"), "-D", str(datadir / "data"), "-U", "postgres"]
-            + ["--auth=trust", "--no-sync", "-E", "UTF8"]
-        ),
-        check=True,
-        capture_output=True,
-    )
+    initdb = [str(bindir / "initdb"), "-D", str(datadir / "data"), "-U", "postgres"]
+    initdb += ["--auth=trust", "--no-sync", "-E", "UTF8"]
+    subprocess.run(as_postgres_user(initdb), check=True, capture_output=True)
     port = free_port()
-    argv = as_postgres_user(
-        [str(bindir / "postgres"), "-D", str(datadir / "data"), "-p", str(port)]
-        + ["-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={datadir}"]
-        + ["-c", "fsync=off", "-c", "max_connections=200"]
-    )
+    server = [str(bindir / "postgres"), "-D", str(datadir / "data"), "-p", str(port)]
+    server += ["-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={datadir}"]
+    server += ["-c", "fsync=off", "-c", "max_connections=200"]
+    argv = as_postgres_user(server)
     return ServerProcess(argv, port, name=name, workdir=datadir).start(timeout=60)

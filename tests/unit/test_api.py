@@ -119,7 +119,7 @@ def test_bad_names_and_handlers(cron: Scheduler) -> None:
 
 
 def test_store_urls() -> None:
-    with pytest.raises(ConfigurationError, match=r"memory://, sqlite://"):
+    with pytest.raises(ConfigurationError, match=r"memory://, sqlite://, redis://"):
         open_store("mongodb://u:pw@host/db")
     with pytest.raises(ConfigurationError) as info:
         open_store("mongodb://u:pw@host/db")
