@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import re
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from .errors import ConfigurationError, MissingDependency
 from .store import Store
@@ -33,17 +33,26 @@ SCHEMES: dict[str, tuple[str, str | None]] = {
 }
 
 
+_SECRET_PARAMS = re.compile(r"(?i)(token|password|passwd|secret|key)")
+
+
 def redact(url: str) -> str:
-    """``url`` with any password replaced by ``***``, safe to log or print."""
+    """``url`` with any password or token replaced by ``***``, safe to log or print."""
     try:
         parts = urlsplit(url)
     except ValueError:
         return "<invalid url>"
-    if parts.password is None:
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    secret = [k for k, _ in query if _SECRET_PARAMS.search(k)]
+    if parts.password is None and not secret:
         return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+    if parts.password is not None:
+        host = parts.netloc.rsplit("@", 1)[1]
+        parts = parts._replace(netloc=f"{parts.username or ''}:***@{host}")
+    if secret:
+        hidden = [(k, "***" if k in secret else v) for k, v in query]
+        parts = parts._replace(query=urlencode(hidden, safe="*"))
+    return urlunsplit(parts)
 
 
 _NAMESPACE = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")

@@ -9,6 +9,9 @@ included. (``unixepoch('subsec')`` would be shorter but needs SQLite 3.42.)
 
 from __future__ import annotations
 
+import functools
+import re
+
 NOW = "((julianday('now') - 2440587.5) * 86400.0)"
 
 #: How many attempts per job the history keeps.
@@ -103,3 +106,10 @@ FROM anarchon_runs WHERE namespace = ? AND job = ? ORDER BY token DESC LIMIT ?
 """
 
 JOBS = "SELECT job FROM anarchon_jobs WHERE namespace = ? ORDER BY job"
+
+
+@functools.cache
+def positional(sql: str) -> tuple[str, tuple[str, ...]]:
+    """``sql`` with its ``:name`` parameters turned into ``?``, and the names in order."""
+    names = tuple(re.findall(r":(\w+)", sql))
+    return re.sub(r":\w+", "?", sql), names

@@ -52,17 +52,18 @@ class SQLDialectStore(Store):
     def _connect(self) -> Any:
         raise NotImplementedError
 
-    def _begin(self, conn: Any, write: bool) -> None:
-        conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+    def _begin(self, write: bool) -> Any:
+        """Start a transaction (taking the write lock up front for writes); return its connection."""
+        if self._conn is None:
+            self._conn = self._connect()
+        self._conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+        return self._conn
 
     @contextmanager
     def _transaction(self, write: bool = True) -> Iterator[Any]:
         with self._lock:
             try:
-                if self._conn is None:
-                    self._conn = self._connect()
-                conn = self._conn
-                self._begin(conn, write)
+                conn = self._begin(write)
                 try:
                     yield conn
                 except BaseException:
@@ -80,16 +81,21 @@ class SQLDialectStore(Store):
             with contextlib.suppress(Exception):
                 conn.close()
 
-    def _params(self, **values: Any) -> dict[str, Any]:
-        return {"ns": self.namespace, **values}
+    def _run(self, conn: Any, sql: str, **values: Any) -> Any:
+        """Execute one of ``_sql``'s named-parameter statements for this namespace.
+
+        Parameters are bound by position: the libsql client takes no names.
+        """
+        text, names = _sql.positional(sql)
+        params = {"ns": self.namespace, **values}
+        return conn.execute(text, tuple(params[name] for name in names))
 
     def _read(self, conn: Any, job: str) -> JobState | None:
         row = conn.execute(_sql.SELECT.format(marks="?"), (self.namespace, job)).fetchone()
         return _state(row) if row else None
 
     def _claim(self, conn: Any, job: str, slot_ms: int, owner: str, lease: float) -> Claim:
-        params = self._params(job=job, slot=slot_ms, owner=owner, lease=lease)
-        row = conn.execute(_sql.CLAIM, params).fetchone()
+        row = self._run(conn, _sql.CLAIM, job=job, slot=slot_ms, owner=owner, lease=lease).fetchone()
         if row is not None:
             return Claim(ClaimStatus.WON, _state(row))
         holder = self._read(conn, job)
@@ -108,16 +114,17 @@ class SQLDialectStore(Store):
             return [self._claim(conn, r.job, r.slot_ms, owner, r.lease) for r in requests]
 
     def takeover(self, job: str, slot_ms: int, owner: str, lease: float, seen_token: int) -> Claim:
-        params = self._params(job=job, slot=slot_ms, owner=owner, lease=lease, token=seen_token)
         with self._transaction() as conn:
-            row = conn.execute(_sql.TAKEOVER, params).fetchone()
+            row = self._run(
+                conn, _sql.TAKEOVER, job=job, slot=slot_ms, owner=owner, lease=lease, token=seen_token
+            ).fetchone()
             if row is not None:
                 return Claim(ClaimStatus.WON, _state(row))
             return Claim(ClaimStatus.TAKEN, self._read(conn, job))
 
     def _change(self, sql: str, **values: Any) -> bool:
         with self._transaction() as conn:
-            return int(conn.execute(sql, self._params(**values)).rowcount) == 1
+            return int(self._run(conn, sql, **values).rowcount) == 1
 
     def renew(self, job: str, token: int, lease: float) -> bool:
         return self._change(_sql.RENEW, job=job, token=token, lease=lease)

@@ -19,8 +19,9 @@ Line = dict[str, Any]
 class Fleet:
     """Instance processes of ``anarchon_core.instance`` and their shared report."""
 
-    def __init__(self, tmp_path: Path, store: str, **job: Any) -> None:
+    def __init__(self, tmp_path: Path, store: str, *, namespace: str = "demo", **job: Any) -> None:
         self.store = store
+        self.namespace = namespace
         self.report = tmp_path / "report.jsonl"
         self.report.touch()
         self.job = job
@@ -31,7 +32,8 @@ class Fleet:
         for name in names:
             options = {**self.job, **overrides}
             argv = [sys.executable, "-m", "anarchon_core.instance"]
-            argv += ["--store", self.store, "--name", name, "--report", str(self.report)]
+            argv += ["--store", self.store, "--namespace", self.namespace]
+            argv += ["--name", name, "--report", str(self.report)]
             for key, value in options.items():
                 if value is None:
                     continue

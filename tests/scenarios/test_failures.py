@@ -22,8 +22,8 @@ def runs_of(lines: list[Line], slot_id: str) -> list[Line]:
     return [line for line in lines if line["kind"] == "start" and line["slot_id"] == slot_id]
 
 
-def test_every_slot_runs_exactly_once_spread_over_instances(fleet_factory: Any) -> None:
-    fleet = fleet_factory(every=1, work=0.2, lease=3)
+def test_every_slot_runs_exactly_once_spread_over_instances(any_fleet_factory: Any) -> None:
+    fleet = any_fleet_factory(every=1, work=0.2, lease=3)
     fleet.start(*NAMES)
     began = time.time()
     time.sleep(33)
@@ -161,7 +161,7 @@ def test_a_newer_slot_supersedes_a_lapsed_run_which_is_not_retried(
     time.sleep(1)
     assert len(runs_of(fleet.lines(), first["slot_id"])) == 1  # not retried
     assert [x["attempt"] for x in runs_of(fleet.lines(), later)] == [1]
-    store = open_store(store_url, namespace="demo")
+    store = open_store(store_url, namespace=fleet.namespace)
     try:
         states = {r.slot_ms: r.state.value for r in store.history("tick")}
     finally:
@@ -170,9 +170,9 @@ def test_a_newer_slot_supersedes_a_lapsed_run_which_is_not_retried(
 
 
 def test_instances_on_different_schedule_versions_never_run_a_slot_twice(
-    fleet_factory: Any,
+    any_fleet_factory: Any,
 ) -> None:
-    fleet = fleet_factory(work=0.2, lease=3)
+    fleet = any_fleet_factory(work=0.2, lease=3)
     fleet.start("old1", "old2", every=2)
     fleet.start("new", every=3)
     time.sleep(14)
@@ -186,9 +186,9 @@ def test_instances_on_different_schedule_versions_never_run_a_slot_twice(
 
 @pytest.mark.parametrize("skews", [(5, -5, 0)])
 def test_skewed_clocks_cause_no_double_run_and_no_premature_takeover(
-    fleet_factory: Any, skews: tuple[int, ...]
+    any_fleet_factory: Any, skews: tuple[int, ...]
 ) -> None:
-    fleet = fleet_factory(work=0.3, lease=2)
+    fleet = any_fleet_factory(work=0.3, lease=2)
     for name, skew in zip(NAMES, skews, strict=True):
         fleet.start(name, every=1, skew=skew)
     time.sleep(10)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import threading
 import time
 
@@ -9,6 +10,7 @@ import pytest
 
 from anarchon_core import ClaimRequest, ClaimStatus, RunState, Store
 from tests.stores.conftest import StoreFactory
+from tests.stores.racer import race
 
 SLOT = 1_700_000_000_000
 NEXT = SLOT + 10_000
@@ -183,27 +185,39 @@ def test_history_is_bounded(lease_store: Store) -> None:
     assert history[0].slot_ms == SLOT + 59_000
 
 
-def test_racing_claimers_get_exactly_one_winner(make_store: StoreFactory) -> None:
-    """16 instances (each with its own store object) race for the same slot, 500 rounds."""
-    stores = [make_store() for _ in range(16)]
-    rounds = 500
-    barrier = threading.Barrier(len(stores))
-    wins = [[0] * rounds for _ in stores]
+def test_racing_claimers_get_exactly_one_winner(
+    kind: str, store_url: str, make_store: StoreFactory
+) -> None:
+    """16 instances race for the same slot, 500 rounds: one winner every round.
 
-    def race(i: int) -> None:
-        for r in range(rounds):
-            barrier.wait()
-            claim = stores[i].claim("race", SLOT + r, f"i{i}", 10)
-            if claim.won:
-                wins[i][r] = 1
-                if stores[i].supports_lease:
-                    assert claim.holder is not None
+    Each racer is a process with its own connection (threads for the memory
+    store, which lives in one process).
+    """
+    racers, rounds = 16, 500
+    if kind == "memory":
+        stores = [make_store() for _ in range(racers)]
+        barrier = threading.Barrier(racers)
+        wins = [[0] * rounds for _ in stores]
+
+        def run(i: int) -> None:
+            for r in range(rounds):
+                barrier.wait()
+                claim = stores[i].claim("race", SLOT + r, f"i{i}", 10)
+                wins[i][r] = int(claim.won)
+                if claim.won and claim.holder is not None:
                     stores[i].finish("race", claim.holder.token, RunState.DONE)
 
-    threads = [threading.Thread(target=race, args=(i,)) for i in range(len(stores))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(racers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    else:
+        namespace = make_store().namespace
+        context = multiprocessing.get_context("spawn")
+        with context.Manager() as manager, context.Pool(racers) as pool:
+            barrier = manager.Barrier(racers)
+            args = [(store_url, namespace, i, rounds, SLOT, barrier) for i in range(racers)]
+            wins = pool.starmap(race, args)
     per_round = [sum(w[r] for w in wins) for r in range(rounds)]
     assert per_round == [1] * rounds

@@ -162,3 +162,8 @@ def test_durations() -> None:
         with pytest.raises(ConfigurationError, match="x="):
             parse_duration("x", bad)  # type: ignore[arg-type]
     assert JobOptions.build(lease="30s").renew_every == 10
+
+
+def test_redact_hides_tokens_in_the_query() -> None:
+    assert redact("libsql://db.example?authToken=abc.def") == "libsql://db.example?authToken=***"
+    assert redact("sqlite:///x.db?busy_timeout=2") == "sqlite:///x.db?busy_timeout=2"

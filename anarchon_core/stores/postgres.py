@@ -1,0 +1,371 @@
+"""PostgreSQL: a server store for instances on many machines (psycopg 3, psycopg_pool).
+
+URL: ``postgresql://user:password@host:5432/dbname?OPTIONS`` (or ``postgres://``),
+with these options of the store, all optional:
+
+- ``schema=NAME``: an existing schema for the tables (default: the first
+  schema of the role's ``search_path``, usually ``public``);
+- ``timeout=SECONDS`` (default 5): the connect timeout, how long a call waits
+  for a pooled connection, and the TCP user timeout: past it a call raises
+  :class:`~anarchon_core.errors.StoreUnavailable` instead of hanging;
+- ``pool_size=N`` (default 2): the most connections the store opens.
+
+Any other parameter goes to libpq as is (``sslmode``, ``application_name``...).
+The constructor also takes a ``psycopg_pool.ConnectionPool`` of yours, which
+:meth:`PostgresStore.close` leaves open; give it ``autocommit=True`` and
+``prepare_threshold=None`` (else every step also commits explicitly).
+
+Tables: each namespace has its own pair, ``anarchon_<name>_<hash>_jobs`` (one
+row per job: slot, owner, attempt, token, state, lease end) and ``..._runs``
+(the last 50 attempts), plus the trigger function ``..._log``. ``<name>`` is
+the namespace lower-cased, other characters as ``_``, cut to 24 characters, so
+``psql`` users recognise it; ``<hash>`` (SHA-256 of the exact namespace) keeps
+namespaces that read alike apart; the names stay far below the 63-byte limit.
+Tables of their own, rather than a namespace column, keep one application's
+rows, locks, grants and vacuum out of another's way, and dropping a namespace
+is a ``DROP TABLE``. They are created on first use, idempotently (``IF NOT
+EXISTS``, ``CREATE OR REPLACE``), in one transaction holding a transaction-level
+advisory lock, so instances starting together cannot trip over each other's
+DDL. A role without the right to create tables needs them made once by one.
+
+Steps, each one autocommit statement (no session state, no advisory lock, no
+server-side prepared statement, so PgBouncer in transaction mode works):
+
+- ``claim``: ``INSERT ... ON CONFLICT (job) DO UPDATE ... WHERE <older slot,
+  and ended or lapsed> RETURNING``; a claim that lost learns the holder from
+  a ``SELECT`` sent in the same pipeline (one round trip either way);
+- ``claim_many``: those pairs for every request in one pipeline: one round
+  trip and one implicit transaction, taken in job-name order so two batches
+  cannot deadlock;
+- ``takeover``: ``UPDATE ... WHERE <slot, token, released or lapsed>
+  RETURNING``, with the same holder read;
+- ``renew``, ``finish``, ``release``: ``UPDATE ... WHERE <token, running>``.
+
+Leases expire by the server's ``clock_timestamp()`` (``now()`` stands still
+for a whole transaction, so a statement that waited on a row lock would judge
+by a stale time). The history follows from a row trigger on the jobs table,
+inside the same statement, as in the SQLite store.
+
+Caveats: libpq has no per-query client timeout, so a server that stops
+answering while its host still acknowledges TCP (a frozen process) blocks a
+call until it answers again; ``options=-c statement_timeout=5s`` in the URL
+bounds lock waits when no PgBouncer sits in between. After a failover to an
+asynchronous replica, commits it had not received are lost, claims included.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+import select
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from ..errors import ConfigurationError, StoreUnavailable
+from ..jobs import Duration, parse_duration
+from ..store import Claim, ClaimRequest, ClaimStatus, JobState, RunRecord, RunState, Store
+from ..urls import redact
+
+#: How many attempts per job the history keeps.
+HISTORY = 50
+
+_UNAVAILABLE = (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout)
+_COLUMNS = "job, slot_ms, owner, attempt, token, state, "
+_COLUMNS += "extract(epoch FROM lease_until - clock_timestamp())::float8"
+_LEASE = "clock_timestamp() + make_interval(secs => %(lease)s::float8)"
+
+_SCHEMA = [
+    """CREATE TABLE IF NOT EXISTS {jobs} (job text PRIMARY KEY, slot_ms bigint NOT NULL,
+        owner text NOT NULL, attempt integer NOT NULL, token bigint NOT NULL,
+        state text NOT NULL, lease_until timestamptz NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS {runs} (job text, token bigint, slot_ms bigint NOT NULL,
+        attempt integer NOT NULL, owner text NOT NULL, state text NOT NULL,
+        started_at timestamptz NOT NULL, ended_at timestamptz, PRIMARY KEY (job, token))""",
+    # A new token is a new attempt: close the previous one (lost when the same
+    # slot is taken over, abandoned when a newer slot supersedes it; one that
+    # already ended keeps its state), start the next, trim the oldest.
+    f"""CREATE OR REPLACE FUNCTION {{log}}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
+        IF TG_OP = 'UPDATE' AND NEW.token = OLD.token THEN
+            IF NEW.state <> OLD.state THEN
+                UPDATE {{runs}} SET state = NEW.state, ended_at = clock_timestamp()
+                 WHERE job = NEW.job AND token = NEW.token;
+            END IF;
+            RETURN NULL;
+        ELSIF TG_OP = 'UPDATE' THEN
+            UPDATE {{runs}} SET ended_at = clock_timestamp(),
+                   state = CASE WHEN NEW.slot_ms = OLD.slot_ms THEN 'lost' ELSE 'abandoned' END
+             WHERE job = OLD.job AND token = OLD.token AND ended_at IS NULL;
+            DELETE FROM {{runs}} WHERE job = NEW.job AND token <= NEW.token - {HISTORY};
+        END IF;
+        INSERT INTO {{runs}} VALUES (NEW.job, NEW.token, NEW.slot_ms, NEW.attempt,
+            NEW.owner, NEW.state, clock_timestamp(), NULL);
+        RETURN NULL;
+    END $$""",
+]
+_HAS_TRIGGER = """SELECT 1 FROM pg_trigger
+    WHERE tgrelid = to_regclass({name}) AND tgname = 'anarchon_history'"""
+_TRIGGER = """CREATE TRIGGER anarchon_history AFTER INSERT OR UPDATE OF token, state
+    ON {jobs} FOR EACH ROW EXECUTE FUNCTION {log}()"""
+_STATEMENTS = {
+    "claim": f"""INSERT INTO {{jobs}} AS j (job, slot_ms, owner, attempt, token, state,
+            lease_until) VALUES (%(job)s, %(slot)s, %(owner)s, 1, 1, 'running', {_LEASE})
+        ON CONFLICT (job) DO UPDATE SET slot_ms = excluded.slot_ms, owner = excluded.owner,
+            attempt = 1, token = j.token + 1, state = 'running', lease_until = {_LEASE}
+        WHERE j.slot_ms < excluded.slot_ms
+          AND (j.state <> 'running' OR j.lease_until <= clock_timestamp())
+        RETURNING {_COLUMNS}""",
+    "takeover": f"""UPDATE {{jobs}} SET owner = %(owner)s, attempt = attempt + 1,
+            token = token + 1, state = 'running', lease_until = {_LEASE}
+        WHERE job = %(job)s AND slot_ms = %(slot)s AND token = %(token)s
+          AND (state = 'released' OR (state = 'running' AND lease_until <= clock_timestamp()))
+        RETURNING {_COLUMNS}""",
+    "renew": f"""UPDATE {{jobs}} SET lease_until = {_LEASE}
+        WHERE job = %(job)s AND token = %(token)s AND state = 'running'""",
+    # finish (done/failed) and release (released) alike end the lease now.
+    "end": """UPDATE {jobs} SET state = %(state)s, lease_until = clock_timestamp()
+        WHERE job = %(job)s AND token = %(token)s AND state = 'running'""",
+    "holder": f"SELECT {_COLUMNS} FROM {{jobs}} WHERE job = %(job)s",
+    "states": f"SELECT {_COLUMNS} FROM {{jobs}} WHERE job = ANY(%(jobs)s)",
+    "history": """SELECT job, slot_ms, attempt, token, owner, state,
+            extract(epoch FROM started_at)::float8, extract(epoch FROM ended_at)::float8
+        FROM {runs} WHERE job = %(job)s ORDER BY token DESC LIMIT %(limit)s""",
+    "jobs": "SELECT job FROM {jobs}",
+}
+
+
+def table_prefix(namespace: str) -> str:
+    """``anarchon_<readable namespace>_<hash>``, the prefix of a namespace's tables."""
+    readable = re.sub(r"[^a-z0-9_]", "_", namespace.lower())[:24]
+    return f"anarchon_{readable}_{hashlib.sha256(namespace.encode()).hexdigest()[:10]}"
+
+
+def _state(row: Sequence[Any]) -> JobState:
+    job, slot_ms, owner, attempt, token, state, left = row
+    return JobState(job, int(slot_ms), owner, int(attempt), int(token), RunState(state), left)
+
+
+def _dropped(conn: psycopg.Connection[Any]) -> bool:
+    """Whether the server dropped an idle pooled connection: it has input waiting."""
+    if conn.closed:
+        return True
+    if not hasattr(select, "poll"):  # pragma: no cover - Windows
+        return bool(select.select([conn.fileno()], [], [], 0)[0])
+    poller = select.poll()
+    poller.register(conn.fileno(), select.POLLIN)
+    return bool(poller.poll(0))
+
+
+def _claimed(slot_ms: int, won: Any, found: Any) -> Claim:
+    if won:
+        return Claim(ClaimStatus.WON, _state(won))
+    holder = _state(found) if found else None
+    if holder is None or holder.slot_ms == slot_ms:
+        return Claim(ClaimStatus.TAKEN, holder)
+    return Claim(ClaimStatus.STALE if holder.slot_ms > slot_ms else ClaimStatus.BUSY, holder)
+
+
+class PostgresStore(Store):
+    """The store contract on PostgreSQL; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        conninfo: str | None = None,
+        pool: ConnectionPool[Any] | None = None,
+        namespace: str = "default",
+        schema: str | None = None,
+        timeout: Duration = 5.0,
+        pool_size: int = 2,
+    ) -> None:
+        super().__init__(namespace=namespace)
+        if (conninfo is None) == (pool is None):
+            raise ConfigurationError("PostgresStore: give either conninfo or pool")
+        self.timeout = parse_duration("timeout", timeout)
+        if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 1:
+            raise ConfigurationError(f"pool_size={pool_size!r}: expected a whole number >= 1")
+        self._secret: str | None = None
+        self._owns_pool = pool is None
+        if pool is not None:
+            self._pool, self._where = pool, f"pool {pool.name!r}"
+        else:
+            assert conninfo is not None
+            try:
+                params = conninfo_to_dict(conninfo)
+            except psycopg.Error:
+                # libpq's message may quote the string, password included.
+                raise ConfigurationError(f"PostgreSQL conninfo {redact(conninfo)!r}") from None
+            self._secret = str(params.get("password") or "") or None
+            host, port = params.get("host", ""), params.get("port", 5432)
+            self._where = f"postgresql://{params.get('user', '')}@{host}:{port}/"
+            self._where += str(params.get("dbname", ""))
+            seconds = max(2, math.ceil(self.timeout))
+            defaults = {"connect_timeout": seconds, "tcp_user_timeout": seconds * 1000}
+            defaults |= {"keepalives_idle": seconds, "keepalives_interval": 1}
+            self._pool = ConnectionPool(
+                make_conninfo(conninfo, **{k: v for k, v in defaults.items() if k not in params}),
+                kwargs={"autocommit": True, "prepare_threshold": None},
+                min_size=1,
+                max_size=pool_size,
+                timeout=self.timeout,
+                # Stop the background reconnection soon: the first call after
+                # the server is back then connects at once instead of waiting
+                # out a backoff that has grown for the whole outage.
+                reconnect_timeout=self.timeout,
+                name=f"anarchon-{namespace}",
+                open=True,
+            )
+        prefix = table_prefix(namespace)
+        names = {
+            part: sql.Identifier(*([schema] if schema else []), f"{prefix}_{part}")
+            for part in ("jobs", "runs", "log")
+        }
+        jobs = names["jobs"].as_string(None)
+        self._sql = {k: sql.SQL(v).format(**names).as_bytes(None) for k, v in _STATEMENTS.items()}
+        self._schema = [sql.SQL(s).format(**names).as_bytes(None) for s in _SCHEMA]
+        self._trigger = sql.SQL(_TRIGGER).format(**names).as_bytes(None)
+        self._has_trigger = sql.SQL(_HAS_TRIGGER).format(name=sql.Literal(jobs)).as_bytes(None)
+        digest = hashlib.sha256(f"anarchon:{jobs}".encode()).digest()
+        self._lock_key = int.from_bytes(digest[:8], "big", signed=True)
+        self._ready = False
+        self._ready_lock = threading.Lock()
+
+    @classmethod
+    def from_url(cls, url: str, *, namespace: str, **options: Any) -> PostgresStore:
+        """``postgresql://user:password@host:port/dbname?schema=&timeout=&pool_size=``."""
+        parts = urlsplit(url)
+        libpq = []
+        for key, value in parse_qsl(parts.query, keep_blank_values=True):
+            if key == "pool_size":
+                if not value.isdigit():
+                    raise ConfigurationError(f"PostgreSQL URL {redact(url)!r}: pool_size={value!r}")
+                options.setdefault(key, int(value))
+            elif key in ("schema", "timeout"):
+                options.setdefault(key, value)
+            else:
+                libpq.append((key, value))
+        # quote, not quote_plus: libpq does not read "+" as a space.
+        conninfo = urlunsplit(parts._replace(query=urlencode(libpq, quote_via=quote)))
+        return cls(conninfo=conninfo, namespace=namespace, **options)
+
+    @contextmanager
+    def _connection(self) -> Iterator[psycopg.Connection[Any]]:
+        try:
+            conn = self._pool.getconn()
+            if _dropped(conn):
+                # The server restarted since this connection was last used:
+                # discard it and every other stale one, then get a fresh one.
+                conn.close()
+                self._pool.putconn(conn)
+                self._pool.check()
+                conn = self._pool.getconn()
+            try:
+                if not self._ready:
+                    self._create_schema(conn)
+                yield conn
+                if not conn.autocommit:
+                    conn.commit()
+            finally:
+                self._pool.putconn(conn)
+        except _UNAVAILABLE as exc:
+            message = str(exc).replace(self._secret, "***") if self._secret else str(exc)
+            raise StoreUnavailable(f"PostgreSQL {self._where}: {message}") from exc
+
+    def _create_schema(self, conn: psycopg.Connection[Any]) -> None:
+        with self._ready_lock:
+            if self._ready or conn.execute(self._has_trigger).fetchone():
+                self._ready = True
+                return
+            with conn.transaction():
+                # Concurrent CREATE ... IF NOT EXISTS or OR REPLACE can still
+                # fail on catalog races; this lock ends with the transaction.
+                conn.execute(b"SELECT pg_advisory_xact_lock(%s)", (self._lock_key,))
+                for statement in self._schema:
+                    conn.execute(statement)
+                if not conn.execute(self._has_trigger).fetchone():
+                    conn.execute(self._trigger)
+            self._ready = True
+
+    def _step(self, statement: str, params: list[dict[str, Any]]) -> list[tuple[Any, Any]]:
+        """Each write with a holder read after it, in one pipeline: (written, holder) rows."""
+        with self._connection() as conn:
+            with conn.pipeline():
+                # The read is a statement of its own: the write's snapshot may
+                # predate the commit of the winner that made it lose.
+                sent = [
+                    (conn.execute(self._sql[statement], p), conn.execute(self._sql["holder"], p))
+                    for p in params
+                ]
+            return [(written.fetchone(), read.fetchone()) for written, read in sent]
+
+    def claim(self, job: str, slot_ms: int, owner: str, lease: float) -> Claim:
+        return self.claim_many([ClaimRequest(job, slot_ms, lease)], owner)[0]
+
+    def claim_many(self, requests: Sequence[ClaimRequest], owner: str) -> list[Claim]:
+        """Every claim in one pipeline: one round trip, each claim one statement."""
+        order = sorted(range(len(requests)), key=lambda i: requests[i].job)
+        params = [
+            {"job": r.job, "slot": r.slot_ms, "owner": owner, "lease": r.lease}
+            for r in (requests[i] for i in order)
+        ]
+        rows = dict(zip(order, self._step("claim", params) if params else [], strict=True))
+        return [_claimed(r.slot_ms, *rows[i]) for i, r in enumerate(requests)]
+
+    def takeover(self, job: str, slot_ms: int, owner: str, lease: float, seen_token: int) -> Claim:
+        params = {"job": job, "slot": slot_ms, "owner": owner, "lease": lease, "token": seen_token}
+        [(won, found)] = self._step("takeover", [params])
+        if won:
+            return Claim(ClaimStatus.WON, _state(won))
+        return Claim(ClaimStatus.TAKEN, _state(found) if found else None)
+
+    def _change(self, statement: str, **params: Any) -> bool:
+        with self._connection() as conn:
+            return conn.execute(self._sql[statement], params).rowcount == 1
+
+    def renew(self, job: str, token: int, lease: float) -> bool:
+        return self._change("renew", job=job, token=token, lease=lease)
+
+    def finish(self, job: str, token: int, outcome: RunState) -> bool:
+        if outcome not in (RunState.DONE, RunState.FAILED):
+            raise ValueError(f"a run finishes as done or failed, not {outcome.value}")
+        return self._change("end", job=job, token=token, state=outcome.value)
+
+    def release(self, job: str, token: int) -> bool:
+        return self._change("end", job=job, token=token, state=RunState.RELEASED.value)
+
+    def states(self, jobs: Iterable[str]) -> dict[str, JobState]:
+        names = list(dict.fromkeys(jobs))
+        if not names:
+            return {}
+        with self._connection() as conn:
+            rows = conn.execute(self._sql["states"], {"jobs": names}).fetchall()
+        return {row[0]: _state(row) for row in rows}
+
+    def history(self, job: str, limit: int = 20) -> list[RunRecord]:
+        with self._connection() as conn:
+            rows = conn.execute(self._sql["history"], {"job": job, "limit": limit}).fetchall()
+        return [
+            RunRecord(r[0], int(r[1]), int(r[2]), int(r[3]), r[4], RunState(r[5]), r[6], r[7])
+            for r in rows
+        ]
+
+    def jobs(self) -> list[str]:
+        with self._connection() as conn:
+            # Sorted here rather than by the server's collation, as in every store.
+            return sorted(row[0] for row in conn.execute(self._sql["jobs"]).fetchall())
+
+    def close(self) -> None:
+        """Close the pool if this store opened it."""
+        if self._owns_pool:
+            self._pool.close()
+
+    def __repr__(self) -> str:
+        return f"<PostgresStore {self._where} namespace={self.namespace!r}>"

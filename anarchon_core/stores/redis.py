@@ -1,0 +1,342 @@
+"""Redis and Valkey: every step is one Lua script, timed by the server's ``TIME``.
+
+URL: ``redis://[[user]:password@]host[:port][/db]``, ``rediss://`` for TLS,
+and ``valkey://`` / ``valkeys://`` alike (Valkey speaks the same protocol;
+the scheme is translated for redis-py). Query options are redis-py's own,
+e.g. ``?socket_timeout=2&socket_connect_timeout=2``; keyword options to
+:meth:`RedisStore.from_url` go to ``redis.Redis.from_url``. Defaults: 3 s to
+connect, 3 s per operation, no driver-level retry (see below).
+
+Keys. Every key of a job carries the hash tag ``{<namespace>/<job>}``
+(namespaces cannot contain ``/``, so no two jobs or namespaces share a tag):
+``anarchon:{ns/job}:rec`` is a hash with the record (slot, owner, attempt,
+token, state, lease end in server milliseconds) and ``anarchon:{ns/job}:runs``
+a list of JSON attempts, newest first, capped at 50. Each script touches
+only these two keys, one hash slot, so the layout works on Redis Cluster.
+``anarchon:{ns}:jobs`` is a set of job names for :meth:`RedisStore.jobs`.
+
+Steps. ``claim``, ``takeover``, ``renew``, ``finish``/``release`` each run
+one script (EVALSHA; on ``NOSCRIPT`` after ``SCRIPT FLUSH`` or a server
+restart the script is loaded again and re-sent). A script reads ``TIME``
+first and judges and writes leases by it; Redis 7 and Valkey replicate a
+script's effects, not the script, so that is allowed before writes. The
+history list is pushed, closed and trimmed by the same scripts. ``claim_many``
+is one pipeline: an ``SADD`` of the job names to the jobs set, then one
+EVALSHA per claim; each script is atomic, the pipeline as a whole is not,
+and the ``SADD`` is not part of any claim's atomic step (so :meth:`jobs`
+keeps only names whose record exists). ``states`` is one pipeline of
+``TIME`` and one ``HMGET`` per job.
+
+Guarantees: one winner per slot and token compare-and-set against one
+primary; lease expiry judged by that primary's clock alone.
+
+Caveats:
+
+- Nothing outlives the data. A server restarted without persistence (or a
+  ``FLUSHDB``) forgets every record: leases vanish, tokens start again at 1
+  and a slot already run may be claimed and run again. Run Redis with AOF
+  (``appendfsync everysec`` loses up to a second) if that matters.
+- Replication is asynchronous: after a failover the promoted replica may lack
+  the last claims, with the same effect as above. ``WAIT`` does not make it
+  safe. Keys must never be evicted: use ``maxmemory-policy noeviction``.
+- A step whose reply is lost (connection cut mid-call) raises
+  :class:`StoreUnavailable` and is not re-sent by the driver: a re-sent claim
+  would tell its own winner "taken". The run then waits for the lease to lapse.
+- Records are kept until deleted by hand (a few hundred bytes per job).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import urlsplit
+
+import redis
+from redis.backoff import NoBackoff
+from redis.commands.core import Script
+from redis.exceptions import NoScriptError, ResponseError
+from redis.retry import Retry
+
+from ..errors import ConfigurationError, StoreUnavailable
+from ..store import Claim, ClaimRequest, ClaimStatus, JobState, RunRecord, RunState, Store
+from ..urls import check_namespace, redact
+
+#: How many attempts per job the history keeps.
+HISTORY = 50
+CONNECT_TIMEOUT = 3.0
+OPERATION_TIMEOUT = 3.0
+
+#: Errors that mean "not now": the engine backs off and retries.
+_UNAVAILABLE = (
+    redis.exceptions.ConnectionError,  # includes BusyLoadingError, AuthenticationError
+    redis.exceptions.TimeoutError,
+    redis.exceptions.ReadOnlyError,  # a replica, e.g. during a failover
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.TryAgainError,
+    redis.exceptions.OutOfMemoryError,
+)
+
+_COMMON = """
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function load(key)
+  local r = redis.call('HMGET', key, 'slot', 'owner', 'attempt', 'token', 'state', 'expires')
+  if not r[1] then return nil end
+  return {slot = tonumber(r[1]), owner = r[2], attempt = tonumber(r[3]),
+          token = tonumber(r[4]), state = r[5], expires = tonumber(r[6])}
+end
+local function reply(status, rec, now)
+  if not rec then return {status} end
+  return {status, rec.slot, rec.owner, rec.attempt, rec.token, rec.state, rec.expires - now}
+end
+-- The newest attempt is the record's own: close it if it is still open.
+local function end_run(runs, token, state, now)
+  local head = redis.call('LINDEX', runs, 0)
+  if not head then return end
+  local run = cjson.decode(head)
+  if run.token == token and run.ended == nil then
+    run.state, run.ended = state, now
+    redis.call('LSET', runs, 0, cjson.encode(run))
+  end
+end
+local function start(rec, now)
+  redis.call('HSET', KEYS[1], 'slot', rec.slot, 'owner', rec.owner, 'attempt', rec.attempt,
+             'token', rec.token, 'state', 'running', 'expires', rec.expires)
+  redis.call('LPUSH', KEYS[2], cjson.encode({slot = rec.slot, attempt = rec.attempt,
+             token = rec.token, owner = rec.owner, state = 'running', started = now}))
+  redis.call('LTRIM', KEYS[2], 0, HISTORY - 1)
+  return reply('won', rec, now)
+end
+local now, rec = now_ms(), load(KEYS[1])
+""".replace("HISTORY", str(HISTORY))
+
+# KEYS: rec, runs. ARGV: slot, owner, lease_ms.
+_CLAIM = (
+    _COMMON
+    + """
+local slot, token = tonumber(ARGV[1]), 1
+if rec then
+  if rec.slot == slot then return reply('taken', rec, now) end
+  if rec.slot > slot then return reply('stale', rec, now) end
+  if rec.state == 'running' then
+    if rec.expires > now then return reply('busy', rec, now) end
+    end_run(KEYS[2], rec.token, 'abandoned', now)
+  end
+  token = rec.token + 1
+end
+return start({slot = slot, owner = ARGV[2], attempt = 1, token = token,
+              expires = now + tonumber(ARGV[3])}, now)
+"""
+)
+
+# KEYS: rec, runs. ARGV: slot, owner, lease_ms, seen token.
+_TAKEOVER = (
+    _COMMON
+    + """
+if not rec then return {'taken'} end
+local lapsed = rec.state == 'released' or (rec.state == 'running' and rec.expires <= now)
+if rec.slot ~= tonumber(ARGV[1]) or rec.token ~= tonumber(ARGV[4]) or not lapsed then
+  return reply('taken', rec, now)
+end
+if rec.state == 'running' then end_run(KEYS[2], rec.token, 'lost', now) end
+return start({slot = rec.slot, owner = ARGV[2], attempt = rec.attempt + 1,
+              token = rec.token + 1, expires = now + tonumber(ARGV[3])}, now)
+"""
+)
+
+# KEYS: rec, runs. ARGV: token, new state, lease_ms. Only the running holder of the
+# token gets through. 'running' renews; done/failed/released end the run and its lease.
+_HELD = (
+    _COMMON
+    + """
+if not rec or rec.token ~= tonumber(ARGV[1]) or rec.state ~= 'running' then return 0 end
+if ARGV[2] == 'running' then
+  redis.call('HSET', KEYS[1], 'expires', now + tonumber(ARGV[3]))
+else
+  redis.call('HSET', KEYS[1], 'state', ARGV[2], 'expires', now)
+  end_run(KEYS[2], rec.token, ARGV[2], now)
+end
+return 1
+"""
+)
+
+
+def _scrub(text: str, password: str | None) -> str:
+    return text.replace(password, "***") if password else text
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _job_state(job: str, *fields: Any) -> JobState:
+    slot, owner, attempt, token, state, remaining_ms = fields
+    owner, state = _text(owner), RunState(_text(state))
+    return JobState(
+        job, int(slot), owner, int(attempt), int(token), state, int(remaining_ms) / 1000
+    )
+
+
+def _run(job: str, run: dict[str, Any]) -> RunRecord:
+    ended = run["ended"] / 1000 if "ended" in run else None
+    state, started = RunState(run["state"]), run["started"] / 1000
+    return RunRecord(
+        job, run["slot"], run["attempt"], run["token"], run["owner"], state, started, ended
+    )
+
+
+class RedisStore(Store):
+    """The store contract on a Redis or Valkey server. See the module docstring.
+
+    Pass a ``redis.Redis`` client (the store never closes it; give it socket
+    timeouts) or build one with :meth:`from_url`.
+    """
+
+    def __init__(self, *, client: redis.Redis, namespace: str = "default") -> None:
+        super().__init__(namespace=check_namespace(namespace))
+        self.client = client
+        self._owns_client = False
+        kw = client.connection_pool.connection_kwargs
+        self._where = f"redis://{kw.get('host', 'localhost')}:{kw.get('port', 6379)}"
+        self._password: str | None = kw.get("password")
+        self._claim_script = client.register_script(_CLAIM)
+        self._takeover_script = client.register_script(_TAKEOVER)
+        self._held_script = client.register_script(_HELD)
+
+    @classmethod
+    def from_url(cls, url: str, *, namespace: str, **options: Any) -> RedisStore:
+        """Connect to ``url`` (see the module docstring); the store owns the client."""
+        scheme, sep, rest = url.partition("://")
+        scheme = {"valkey": "redis", "valkeys": "rediss"}.get(scheme.lower(), scheme.lower())
+        options.setdefault("socket_connect_timeout", CONNECT_TIMEOUT)
+        options.setdefault("socket_timeout", OPERATION_TIMEOUT)
+        options.setdefault("retry", Retry(NoBackoff(), 0))
+        try:
+            client = redis.Redis.from_url(f"{scheme}{sep}{rest}", **options)
+        except ValueError as exc:
+            message = _scrub(str(exc), urlsplit(url).password)
+            # Not chained: the driver's error might quote the URL, password included.
+            raise ConfigurationError(f"Redis URL {redact(url)!r}: {message}") from None
+        store = cls(client=client, namespace=namespace)
+        store._owns_client = True
+        store._where = redact(url)
+        return store
+
+    @contextmanager
+    def _guard(self) -> Iterator[None]:
+        try:
+            yield
+        except (*_UNAVAILABLE, ResponseError) as exc:
+            # BUSY (a long script hogs the server) passes; other replies are bugs.
+            busy = str(exc).startswith("BUSY")
+            if not isinstance(exc, _UNAVAILABLE) and not busy:
+                raise
+            message = _scrub(str(exc), self._password)
+            raise StoreUnavailable(f"Redis at {self._where}: {message}") from exc
+
+    def _keys(self, job: str) -> list[str]:
+        tag = f"anarchon:{{{self.namespace}/{job}}}"
+        return [f"{tag}:rec", f"{tag}:runs"]
+
+    def _run_scripts(
+        self, script: Script, calls: Sequence[tuple[str, list[Any]]], names: Sequence[str] = ()
+    ) -> list[Any]:
+        """One pipeline: an SADD of ``names``, then ``script`` once per (job, args)."""
+        with self._guard():
+            pipe = self.client.pipeline(transaction=False)
+            if names:
+                pipe.sadd(f"anarchon:{{{self.namespace}}}:jobs", *names)
+            for job, args in calls:
+                pipe.evalsha(script.sha, 2, *self._keys(job), *args)
+            results = pipe.execute(raise_on_error=False)[1 if names else 0 :]
+            for i, result in enumerate(results):
+                if isinstance(result, NoScriptError):
+                    # Flushed or restarted server; the script did not run. Script
+                    # loads itself and sends it again.
+                    job, args = calls[i]
+                    results[i] = script(self._keys(job), args, client=self.client)
+                elif isinstance(result, Exception):
+                    raise result
+            return list(results)
+
+    def _claim(self, job: str, reply: list[Any]) -> Claim:
+        status = ClaimStatus(_text(reply[0]))
+        return Claim(status, _job_state(job, *reply[1:]) if len(reply) > 1 else None)
+
+    def claim(self, job: str, slot_ms: int, owner: str, lease: float) -> Claim:
+        return self.claim_many([ClaimRequest(job, slot_ms, lease)], owner)[0]
+
+    def claim_many(self, requests: Sequence[ClaimRequest], owner: str) -> list[Claim]:
+        if not requests:
+            return []
+        calls = [(r.job, [r.slot_ms, owner, round(r.lease * 1000)]) for r in requests]
+        names = sorted({r.job for r in requests})
+        replies = self._run_scripts(self._claim_script, calls, names)
+        return [self._claim(r.job, reply) for r, reply in zip(requests, replies, strict=True)]
+
+    def takeover(self, job: str, slot_ms: int, owner: str, lease: float, seen_token: int) -> Claim:
+        args = [slot_ms, owner, round(lease * 1000), seen_token]
+        (reply,) = self._run_scripts(self._takeover_script, [(job, args)])
+        return self._claim(job, reply)
+
+    def _held(self, job: str, token: int, state: RunState, lease: float = 0) -> bool:
+        args = [token, state.value, round(lease * 1000)]
+        (reply,) = self._run_scripts(self._held_script, [(job, args)])
+        return int(reply) == 1
+
+    def renew(self, job: str, token: int, lease: float) -> bool:
+        return self._held(job, token, RunState.RUNNING, lease)
+
+    def finish(self, job: str, token: int, outcome: RunState) -> bool:
+        if outcome not in (RunState.DONE, RunState.FAILED):
+            raise ValueError(f"a run finishes as done or failed, not {outcome.value}")
+        return self._held(job, token, outcome)
+
+    def release(self, job: str, token: int) -> bool:
+        return self._held(job, token, RunState.RELEASED)
+
+    def states(self, jobs: Iterable[str]) -> dict[str, JobState]:
+        names = list(dict.fromkeys(jobs))
+        if not names:
+            return {}
+        fields = ("slot", "owner", "attempt", "token", "state", "expires")
+        with self._guard():
+            pipe = self.client.pipeline(transaction=False)
+            pipe.time()  # on the same server, just before the records are read
+            for job in names:
+                pipe.hmget(self._keys(job)[0], fields)
+            (seconds, micros), *records = pipe.execute()
+        now_ms = int(seconds) * 1000 + int(micros) // 1000
+        return {
+            job: _job_state(job, *rec[:5], int(rec[5]) - now_ms)
+            for job, rec in zip(names, records, strict=True)
+            if rec[0] is not None
+        }
+
+    def history(self, job: str, limit: int = 20) -> list[RunRecord]:
+        if limit <= 0:
+            return []
+        with self._guard():
+            entries = self.client.lrange(self._keys(job)[1], 0, limit - 1)
+        return [_run(job, json.loads(entry)) for entry in entries]
+
+    def jobs(self) -> list[str]:
+        with self._guard():
+            members = self.client.smembers(f"anarchon:{{{self.namespace}}}:jobs")
+            names = sorted(_text(name) for name in members)
+            pipe = self.client.pipeline(transaction=False)
+            for job in names:
+                pipe.exists(self._keys(job)[0])
+            found = pipe.execute()
+        return [job for job, exists in zip(names, found, strict=True) if exists]
+
+    def close(self) -> None:
+        if self._owns_client:
+            self.client.close()
+
+    def __repr__(self) -> str:
+        return f"<RedisStore {self._where} namespace={self.namespace!r}>"

@@ -1,0 +1,24 @@
+"""A racing claimer for the atomicity test, run in its own process."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from anarchon_core import RunState, open_store
+
+
+def race(url: str, namespace: str, index: int, rounds: int, slot: int, barrier: Any) -> list[int]:
+    """Claim ``rounds`` slots in lockstep with the other racers; 1 where this one won."""
+    store = open_store(url, namespace=namespace)
+    won = []
+    try:
+        for r in range(rounds):
+            barrier.wait()
+            claim = store.claim("race", slot + r, f"racer{index}", 10)
+            won.append(int(claim.won))
+            if claim.won and store.supports_lease:
+                assert claim.holder is not None
+                store.finish("race", claim.holder.token, RunState.DONE)
+    finally:
+        store.close()
+    return won
