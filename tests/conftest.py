@@ -31,23 +31,28 @@ def redis_url() -> str:
 def postgres_url() -> str:
     """The machine's PostgreSQL 15."""
     return servers.machine_service(
-        "ANARCHON_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test", 5432, "PostgreSQL"
+        "ANARCHON_TEST_POSTGRES_URL",
+        "postgresql://postgres@127.0.0.1:5432/test",
+        5432,
+        "PostgreSQL",
     )
 
 
 @pytest.fixture(scope="session")
 def nats_url() -> str:
     """The machine's NATS 2.9 with JetStream."""
-    return servers.machine_service(
-        "ANARCHON_TEST_NATS_URL", "nats://127.0.0.1:4222", 4222, "NATS"
-    )
+    return servers.machine_service("ANARCHON_TEST_NATS_URL", "nats://127.0.0.1:4222", 4222, "NATS")
 
 
 @pytest.fixture(scope="session")
 def amqp_url() -> str:
     """The machine's RabbitMQ 3.10."""
     return servers.machine_service(
-        "ANARCHON_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//", 5672, "RabbitMQ"
+        "ANARCHON_TEST_AMQP_URL",
+        # Claim queues of tests need not outlive them by a day.
+        "amqp://guest:guest@127.0.0.1:5672//?expires=1m",
+        5672,
+        "RabbitMQ",
     )
 
 

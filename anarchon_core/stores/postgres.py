@@ -116,8 +116,11 @@ _HAS_TRIGGER = """SELECT 1 FROM pg_trigger
 _TRIGGER = """CREATE TRIGGER anarchon_history AFTER INSERT OR UPDATE OF token, state
     ON {jobs} FOR EACH ROW EXECUTE FUNCTION {log}()"""
 _STATEMENTS = {
+    # NOT EXISTS spares the row lock (and the commit's WAL flush) of claims that
+    # must lose, since slots only grow; ON CONFLICT's WHERE decides the rest.
     "claim": f"""INSERT INTO {{jobs}} AS j (job, slot_ms, owner, attempt, token, state,
-            lease_until) VALUES (%(job)s, %(slot)s, %(owner)s, 1, 1, 'running', {_LEASE})
+            lease_until) SELECT %(job)s, %(slot)s, %(owner)s, 1, 1, 'running', {_LEASE}
+        WHERE NOT EXISTS (SELECT FROM {{jobs}} WHERE job = %(job)s AND slot_ms >= %(slot)s)
         ON CONFLICT (job) DO UPDATE SET slot_ms = excluded.slot_ms, owner = excluded.owner,
             attempt = 1, token = j.token + 1, state = 'running', lease_until = {_LEASE}
         WHERE j.slot_ms < excluded.slot_ms
@@ -294,34 +297,43 @@ class PostgresStore(Store):
                     conn.execute(self._trigger)
             self._ready = True
 
-    def _step(self, statement: str, params: list[dict[str, Any]]) -> list[tuple[Any, Any]]:
-        """Each write with a holder read after it, in one pipeline: (written, holder) rows."""
+    def _write(self, statement: str, params: dict[str, Any]) -> tuple[Any, Any]:
+        """A claim or takeover, then the holder's record if it lost: (won row, holder row)."""
         with self._connection() as conn:
-            with conn.pipeline():
-                # The read is a statement of its own: the write's snapshot may
-                # predate the commit of the winner that made it lose.
-                sent = [
-                    (conn.execute(self._sql[statement], p), conn.execute(self._sql["holder"], p))
-                    for p in params
-                ]
-            return [(written.fetchone(), read.fetchone()) for written, read in sent]
+            won = conn.execute(self._sql[statement], params).fetchone()
+            # A statement of its own, after the write's commit: the write's
+            # snapshot may predate the commit of the winner that made it lose.
+            return won, None if won else conn.execute(self._sql["holder"], params).fetchone()
 
     def claim(self, job: str, slot_ms: int, owner: str, lease: float) -> Claim:
-        return self.claim_many([ClaimRequest(job, slot_ms, lease)], owner)[0]
+        params = {"job": job, "slot": slot_ms, "owner": owner, "lease": lease}
+        return _claimed(slot_ms, *self._write("claim", params))
 
     def claim_many(self, requests: Sequence[ClaimRequest], owner: str) -> list[Claim]:
-        """Every claim in one pipeline: one round trip, each claim one statement."""
+        """Every claim with its holder read in one pipeline: one round trip."""
+        if not requests:
+            return []
+        # One implicit transaction holds the rows it locks until its end:
+        # taking them in name order keeps two batches from deadlocking.
         order = sorted(range(len(requests)), key=lambda i: requests[i].job)
-        params = [
-            {"job": r.job, "slot": r.slot_ms, "owner": owner, "lease": r.lease}
-            for r in (requests[i] for i in order)
-        ]
-        rows = dict(zip(order, self._step("claim", params) if params else [], strict=True))
-        return [_claimed(r.slot_ms, *rows[i]) for i, r in enumerate(requests)]
+        with self._connection() as conn:
+            with conn.pipeline():
+                sent = {}
+                for i in order:
+                    r = requests[i]
+                    params = {"job": r.job, "slot": r.slot_ms, "owner": owner, "lease": r.lease}
+                    sent[i] = (
+                        conn.execute(self._sql["claim"], params),
+                        conn.execute(self._sql["holder"], params),
+                    )
+            return [
+                _claimed(r.slot_ms, sent[i][0].fetchone(), sent[i][1].fetchone())
+                for i, r in enumerate(requests)
+            ]
 
     def takeover(self, job: str, slot_ms: int, owner: str, lease: float, seen_token: int) -> Claim:
         params = {"job": job, "slot": slot_ms, "owner": owner, "lease": lease, "token": seen_token}
-        [(won, found)] = self._step("takeover", [params])
+        won, found = self._write("takeover", params)
         if won:
             return Claim(ClaimStatus.WON, _state(won))
         return Claim(ClaimStatus.TAKEN, _state(found) if found else None)

@@ -76,8 +76,8 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
-from amqp import Message  # type: ignore[import-untyped]
-from amqp.exceptions import (  # type: ignore[import-untyped]
+from amqp import Message
+from amqp.exceptions import (
     AMQPError,
     MessageNacked,
     PreconditionFailed,

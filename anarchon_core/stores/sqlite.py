@@ -53,7 +53,7 @@ class SQLDialectStore(Store):
         raise NotImplementedError
 
     def _begin(self, write: bool) -> Any:
-        """Start a transaction (taking the write lock up front for writes); return its connection."""
+        """Begin a transaction (writes take the lock up front); return its connection."""
         if self._conn is None:
             self._conn = self._connect()
         self._conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
@@ -95,7 +95,9 @@ class SQLDialectStore(Store):
         return _state(row) if row else None
 
     def _claim(self, conn: Any, job: str, slot_ms: int, owner: str, lease: float) -> Claim:
-        row = self._run(conn, _sql.CLAIM, job=job, slot=slot_ms, owner=owner, lease=lease).fetchone()
+        row = self._run(
+            conn, _sql.CLAIM, job=job, slot=slot_ms, owner=owner, lease=lease
+        ).fetchone()
         if row is not None:
             return Claim(ClaimStatus.WON, _state(row))
         holder = self._read(conn, job)
@@ -116,7 +118,13 @@ class SQLDialectStore(Store):
     def takeover(self, job: str, slot_ms: int, owner: str, lease: float, seen_token: int) -> Claim:
         with self._transaction() as conn:
             row = self._run(
-                conn, _sql.TAKEOVER, job=job, slot=slot_ms, owner=owner, lease=lease, token=seen_token
+                conn,
+                _sql.TAKEOVER,
+                job=job,
+                slot=slot_ms,
+                owner=owner,
+                lease=lease,
+                token=seen_token,
             ).fetchone()
             if row is not None:
                 return Claim(ClaimStatus.WON, _state(row))
