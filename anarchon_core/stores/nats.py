@@ -1,47 +1,45 @@
 """NATS JetStream key-value: a full lease through compare-and-set on revisions.
 
-URL: ``nats://[user:password@]host:4222[,host2:4222]`` with the options
-``?timeout=3&connect_timeout=2&replicas=1``: ``timeout`` bounds each request
-to the server, ``connect_timeout`` each connection attempt, ``replicas`` is the
-replication of a bucket this store creates. Tested with NATS 2.9 and 2.15.
+URL: ``nats://[user:password@]host:4222[,host2:4222]?timeout=3&connect_timeout=2&replicas=1``:
+``timeout`` bounds each request, ``connect_timeout`` each connection attempt,
+``replicas`` is the replication of a bucket this store creates. Tested with
+NATS 2.9 and 2.15; no per-key TTL is used (2.9 has none).
 
-Layout: one KV bucket per namespace (``anarchon-`` plus the namespace with
-``_`` ``.`` ``:`` escaped as ``__`` ``_d`` ``_c``: injective, and only the
-characters bucket names allow), history 1, file storage. One key per job
-(``j`` plus the job name in unpadded URL-safe base64). The value is one JSON
-record: ``slot_ms, owner, attempt, token, state, lease`` and ``runs``, the last
-50 attempts, newest first, so one write covers the record and its history.
+One KV bucket per namespace (``anarchon-`` plus the namespace with ``_ . :``
+escaped as ``__ _d _c``: injective, and only characters bucket names allow),
+history 1, file storage. One key per job: ``j`` plus the name in unpadded
+URL-safe base64. The value is one JSON record (``slot_ms, owner, attempt,
+token, state, lease``) with ``runs``, the last 50 attempts newest first, so a
+single write covers the record and its history.
 
-Every step is a compare-and-set: read the value and its revision, decide what
-the contract allows, then ``create`` (only if the key does not exist) or
-``update(key, value, last=revision)`` (only if nobody wrote since). A failed
-compare-and-set is never overwritten: the step re-reads and decides again,
-which ends at once as taken, busy, stale or refused once someone else won.
+Every step is a compare-and-set: read the value and its revision, decide as
+the contract says, then ``create`` (only if the key does not exist) or
+``update(key, value, last=revision)`` (only if nobody wrote since). A lost
+compare-and-set is never overwritten: the step reads and decides again.
 
 The lease clock: NATS has no clock a client can read, and comparing a
-message's server timestamp with this machine's wall clock would break under
-clock skew. So the **observer's monotonic clock** judges: this store object
-remembers, per job, the revision it last saw and when (monotonic) it first
-saw it. Every renewal writes a new revision; a running record whose revision
-has not changed for ``lease`` seconds of this process's clock has lapsed.
-``lease_remaining`` is ``lease - (now - first seen)``. The runner's own
-writes count from just before they were sent, so the runner believes its
-lease ends before any observer does. Caveats: a fresh observer (a restarted
-instance) waits a full lease before it calls a record lapsed, so a takeover
-comes up to one lease after the observer first saw the record, and a restarted
-instance cannot know that an old run's lease lapsed long ago (it watches it
-for one lease instead of catching up at once). ``started_at``/``ended_at`` in
-the history are the writer's wall clock, for display only.
+message's server time with this machine's wall clock would break under clock
+skew. So the **observer's monotonic clock** judges. This store object
+remembers per job the revision it last saw and when it first saw it; every
+renewal writes a new revision; a running record whose revision has not
+changed for ``lease`` seconds of this process's clock has lapsed
+(``lease_remaining = lease - (now - first seen)``). The runner's own writes
+count from just before they were sent, so it believes its lease ends before
+any observer does. Hence a fresh observer (a restarted instance) waits a full
+lease before calling a record lapsed: a takeover comes up to one lease after
+the observer first saw the record, and a restarted instance cannot tell that
+an old run lapsed long ago (it watches it for one lease). The history's
+``started_at``/``ended_at`` are the writer's wall clock, for display only.
 
 nats-py is asyncio-only: each store runs one private event loop in one daemon
 thread; the synchronous methods submit coroutines to it and wait at most
-``connect_timeout + 2 * timeout``. ``close()`` closes the connection, stops
-the loop and joins the thread. While the server is down, calls fail at once
-with ``StoreUnavailable`` (no publish is buffered for later) and the client
-reconnects in the background; a step that timed out may still have been
-applied, and its compare-and-set keeps the record consistent either way.
-An existing client can be passed as ``client=`` with the ``loop=`` it runs
-on (in another thread); the store then never closes it.
+``connect_timeout + 2 * timeout``; ``close()`` closes the connection, stops the
+loop and joins the thread. While the server is down calls fail at once with
+``StoreUnavailable`` (nothing is buffered to be sent later) and the client
+reconnects in the background. A step that timed out may still have been
+applied; the compare-and-set keeps the record consistent either way. An
+existing client may be passed as ``client=`` with the ``loop=`` it runs on (in
+another thread): the store then neither closes it nor starts a thread.
 """
 
 from __future__ import annotations
@@ -53,11 +51,10 @@ import concurrent.futures
 import json
 import logging
 import threading
-from collections.abc import Awaitable, Coroutine, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlsplit
 
-import nats
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
@@ -77,6 +74,9 @@ HISTORY = 50
 _ROUNDS = 20
 _UNAVAILABLE = (nats.errors.Error, OSError, asyncio.TimeoutError)
 _Record = dict[str, Any]
+#: A step's decision from the record read: the record to write (None: write
+#: nothing) and the answer, given once the write (if any) succeeded.
+_Decide = Callable[[_Record | None, JobState | None], tuple[_Record | None, T]]
 
 
 def bucket_name(namespace: str) -> str:
@@ -92,13 +92,18 @@ def job_key(job: str) -> str:
 
 def job_name(key: str) -> str | None:
     """The job of a key, or ``None`` for keys this store did not write."""
-    if not key.startswith("j"):
-        return None
     try:
         raw = key[1:] + "=" * (-(len(key) - 1) % 4)
-        return base64.urlsafe_b64decode(raw.encode()).decode()
+        return base64.urlsafe_b64decode(raw.encode()).decode() if key[:1] == "j" else None
     except (binascii.Error, UnicodeDecodeError):
         return None
+
+
+def _end(runs: list[list[Any]], state: RunState, at: float) -> list[list[Any]]:
+    """``runs`` with the newest attempt, if still open, ended as ``state``."""
+    if runs and runs[0][6] is None:
+        return [[*runs[0][:4], state.value, runs[0][5], at], *runs[1:]]
+    return runs
 
 
 class NatsStore(Store):
@@ -123,7 +128,8 @@ class NatsStore(Store):
         self.timeout, self.connect_timeout, self.replicas = timeout, connect_timeout, replicas
         self.bucket = bucket_name(self.namespace)
         self._clock = clock or SystemClock()
-        self._client, self._nc = client, client
+        self._own_client = client is None
+        self._nc = client
         self._kv: KeyValue | None = None
         self._setup = asyncio.Lock()
         #: job -> (revision, token, monotonic time this store first saw that revision)
@@ -132,9 +138,8 @@ class NatsStore(Store):
         self._thread: threading.Thread | None = None
         if loop is None:
             loop = asyncio.new_event_loop()
-            self._thread = threading.Thread(
-                target=loop.run_forever, name=f"anarchon-nats:{self.namespace}", daemon=True
-            )
+            name = f"anarchon-nats:{self.namespace}"
+            self._thread = threading.Thread(target=loop.run_forever, name=name, daemon=True)
             self._thread.start()
         self._loop = loop
 
@@ -153,40 +158,40 @@ class NatsStore(Store):
         servers = [f"{parts.scheme}://{host}" for host in parts.netloc.split(",")]
         return cls(servers, namespace=namespace, **options)
 
-    # -- the bridge from synchronous callers to the private loop ------------
+    # -- the bridge from synchronous callers to the loop --------------------
 
-    def _run(self, step: Coroutine[Any, Any, T]) -> T:
+    def _run(self, step: Callable[[], Awaitable[T]]) -> T:
+        """Run ``step()`` on the loop; every failure to reach NATS is StoreUnavailable."""
+        if self._closed:
+            raise StoreUnavailable(f"{self!r} is closed")
         try:
             inside = asyncio.get_running_loop() is self._loop
         except RuntimeError:
             inside = False
-        if self._closed or inside:
-            step.close()
-            if inside:
-                raise RuntimeError("NatsStore: a synchronous call from its own client's loop")
-            raise StoreUnavailable(f"{self!r} is closed")
+        if inside:
+            raise RuntimeError("NatsStore: a synchronous call from inside its client's own loop")
         deadline = self.connect_timeout + 2 * self.timeout
-        future = asyncio.run_coroutine_threadsafe(self._guard(step, deadline), self._loop)
+
+        async def guarded() -> T:
+            try:
+                return await asyncio.wait_for(step(), deadline)
+            except _UNAVAILABLE as exc:
+                raise StoreUnavailable(f"NATS {self.bucket}: {type(exc).__name__} {exc}") from exc
+
+        future = asyncio.run_coroutine_threadsafe(guarded(), self._loop)
         try:
             return future.result(deadline + 1)
         except TimeoutError as exc:  # the loop itself is stuck: a backstop, not the rule
             future.cancel()
-            raise StoreUnavailable(f"NATS: no answer within {deadline}s") from exc
+            raise StoreUnavailable(f"NATS {self.bucket}: no answer in {deadline}s") from exc
         except concurrent.futures.CancelledError as exc:  # close() from another thread
             raise StoreUnavailable(f"{self!r} was closed during the call") from exc
 
-    async def _guard(self, step: Awaitable[T], deadline: float) -> T:
-        try:
-            return await asyncio.wait_for(step, deadline)
-        except _UNAVAILABLE as exc:
-            raise StoreUnavailable(f"NATS {self.bucket}: {type(exc).__name__} {exc}") from exc
-
     async def _bucket(self) -> KeyValue:
         async with self._setup:
-            if self._nc is not None and self._nc.is_closed and self._client is None:
-                self._nc = self._kv = None  # gave up reconnecting (or closed): start afresh
-            if self._nc is None:
-                self._nc = await self._connect()
+            if self._own_client and (self._nc is None or self._nc.is_closed):
+                self._nc, self._kv = await self._connect(), None
+            assert self._nc is not None
             if self._kv is None:
                 js = self._nc.jetstream(timeout=self.timeout)
                 try:
@@ -197,8 +202,7 @@ class NatsStore(Store):
                         history=1,
                         storage=api.StorageType.FILE,
                         replicas=self.replicas,
-                        # Reads go to the stream leader: a follower could lag behind.
-                        direct=False,
+                        direct=False,  # reads go to the stream leader, never a lagging follower
                     )
                     self._kv = await js.create_key_value(config)
             return self._kv
@@ -208,18 +212,13 @@ class NatsStore(Store):
             log.debug("anarchon: NATS %s: %s", self.bucket, exc)
 
         nc = Client()
+        # Reconnects go on in the background for ever; with no pending buffer a
+        # publish while disconnected fails at once instead of being sent later.
+        options: dict[str, Any] = dict(reconnect_time_wait=0.5, max_reconnect_attempts=-1)
+        options.update(ping_interval=5, pending_size=0, connect_timeout=self.connect_timeout)
         try:
-            # Reconnects go on forever in the background; without pending_size a
-            # publish while disconnected fails at once instead of being replayed later.
             connecting = nc.connect(
-                self.servers,
-                name=f"anarchon:{self.namespace}",
-                connect_timeout=self.connect_timeout,  # type: ignore[arg-type]
-                reconnect_time_wait=0.5,  # type: ignore[arg-type]
-                max_reconnect_attempts=-1,
-                ping_interval=5,
-                pending_size=0,
-                error_cb=note,
+                self.servers, name=f"anarchon:{self.namespace}", error_cb=note, **options
             )
             await asyncio.wait_for(connecting, self.connect_timeout)
         except BaseException:
@@ -227,7 +226,7 @@ class NatsStore(Store):
             raise
         return nc
 
-    # -- records and the observer's clock -----------------------------------
+    # -- records, the observer's clock, and compare-and-set ----------------
 
     async def _read(self, job: str) -> tuple[_Record, int] | None:
         kv = await self._bucket()
@@ -238,157 +237,150 @@ class NatsStore(Store):
         assert entry.value is not None and entry.revision is not None
         return json.loads(entry.value), entry.revision
 
-    async def _write(self, job: str, record: _Record, revision: int | None) -> bool:
-        """Compare-and-set; on success the observation starts from before the send."""
-        kv = await self._bucket()
-        sent_at = self._clock.monotonic()
-        data = json.dumps(record, separators=(",", ":")).encode()
-        try:
-            if revision is None:
-                new = await kv.create(job_key(job), data)
-            else:
-                new = await kv.update(job_key(job), data, last=revision)
-        except nats.js.errors.KeyWrongLastSequenceError:
-            return False
-        self._seen[job] = (new, record["token"], sent_at)
-        return True
-
     def _state(self, job: str, record: _Record, revision: int) -> JobState:
         seen = self._seen.get(job)
         if seen is None or seen[:2] != (revision, record["token"]):
             seen = self._seen[job] = (revision, record["token"], self._clock.monotonic())
         remaining = record["lease"] - (self._clock.monotonic() - seen[2])
-        state = RunState(record["state"])
-        return JobState(
-            job, record["slot_ms"], record["owner"], record["attempt"], record["token"], state,
-            remaining,
-        )  # fmt: skip
+        r = record
+        state = RunState(r["state"])
+        return JobState(job, r["slot_ms"], r["owner"], r["attempt"], r["token"], state, remaining)
 
-    def _mine(self, job: str, record: _Record) -> JobState:
-        return JobState(
-            job, record["slot_ms"], record["owner"], record["attempt"], record["token"],
-            RunState.RUNNING, float(record["lease"]),
-        )  # fmt: skip
+    async def _cas(self, job: str, decide: _Decide[T]) -> T:
+        """Read, decide, then ``create`` (no record yet) or ``update`` on the revision read.
 
-    def _started(
-        self, old: _Record | None, ended: RunState, job: str, slot_ms: int, owner: str,
-        attempt: int, lease: float,
-    ) -> _Record:  # fmt: skip
-        """The record of a new attempt; a still-open previous attempt ends as ``ended``."""
-        runs = list(old["runs"]) if old else []
+        When someone else wrote in between, read and decide again: never overwrite.
+        """
+        for _ in range(_ROUNDS):
+            found = await self._read(job)
+            old, revision = found if found else (None, 0)
+            new, answer = decide(old, self._state(job, old, revision) if old else None)
+            if new is None:
+                return answer
+            kv = await self._bucket()
+            sent_at = self._clock.monotonic()
+            data = json.dumps(new, separators=(",", ":")).encode()
+            try:
+                if old is None:
+                    written = await kv.create(job_key(job), data)
+                else:
+                    written = await kv.update(job_key(job), data, last=revision)
+            except nats.js.errors.KeyWrongLastSequenceError:
+                continue
+            # Our own lease counts from before the write was sent: we believe it
+            # ends before any observer does.
+            self._seen[job] = (written, new["token"], sent_at)
+            return answer
+        raise StoreUnavailable(f"NATS {self.bucket}: {job!r} changed {_ROUNDS} times in a row")
+
+    def _attempt(
+        self, old: _Record | None, ended: RunState, job: str, slot_ms: int, owner: str, lease: float
+    ) -> tuple[_Record, Claim]:
+        """A new attempt (1 for a new slot, previous + 1 for the same slot), won.
+
+        The previous attempt, if still open in the history, ends as ``ended``.
+        """
         now = self._clock.time()
-        if runs and runs[0][6] is None:
-            runs[0] = [*runs[0][:4], ended.value, runs[0][5], now]
+        runs = _end(list(old["runs"]) if old else [], ended, now)
+        attempt = old["attempt"] + 1 if old and old["slot_ms"] == slot_ms else 1
         token = old["token"] + 1 if old else 1
         runs.insert(0, [slot_ms, attempt, token, owner, RunState.RUNNING.value, now, None])
-        return {
-            "job": job, "slot_ms": slot_ms, "owner": owner, "attempt": attempt, "token": token,
-            "state": RunState.RUNNING.value, "lease": lease, "runs": runs[:HISTORY],
-        }  # fmt: skip
+        new = {"job": job, "slot_ms": slot_ms, "owner": owner, "attempt": attempt,
+               "token": token, "state": RunState.RUNNING.value, "lease": lease,
+               "runs": runs[:HISTORY]}  # fmt: skip
+        mine = JobState(job, slot_ms, owner, attempt, token, RunState.RUNNING, lease)
+        return new, Claim(ClaimStatus.WON, mine)
+
+    def _claiming(self, job: str, slot_ms: int, owner: str, lease: float) -> _Decide[Claim]:
+        def decide(old: _Record | None, current: JobState | None) -> tuple[_Record | None, Claim]:
+            if current is not None:
+                if current.slot_ms == slot_ms:
+                    return None, Claim(ClaimStatus.TAKEN, current)
+                if current.slot_ms > slot_ms:
+                    return None, Claim(ClaimStatus.STALE, current)
+                if current.state is RunState.RUNNING and current.lease_remaining > 0:
+                    return None, Claim(ClaimStatus.BUSY, current)
+            return self._attempt(old, RunState.ABANDONED, job, slot_ms, owner, lease)
+
+        return decide
+
+    def _changing(self, token: int, lease: float, state: RunState) -> _Decide[bool]:
+        """Renew (``state`` running) or end the run, while it carries ``token``."""
+        now = self._clock.time()
+
+        def decide(old: _Record | None, current: JobState | None) -> tuple[_Record | None, bool]:
+            if old is None or old["token"] != token or old["state"] != RunState.RUNNING.value:
+                return None, False
+            runs = old["runs"] if state is RunState.RUNNING else _end(old["runs"], state, now)
+            return {**old, "state": state.value, "lease": lease, "runs": runs}, True
+
+        return decide
 
     # -- the steps ----------------------------------------------------------
 
-    async def _claim(self, job: str, slot_ms: int, owner: str, lease: float) -> Claim:
-        for _ in range(_ROUNDS):
-            found = await self._read(job)
-            old, revision = found if found else (None, None)
-            if old is not None and revision is not None:
-                current = self._state(job, old, revision)
-                if current.slot_ms == slot_ms:
-                    return Claim(ClaimStatus.TAKEN, current)
-                if current.slot_ms > slot_ms:
-                    return Claim(ClaimStatus.STALE, current)
-                if current.state is RunState.RUNNING and current.lease_remaining > 0:
-                    return Claim(ClaimStatus.BUSY, current)
-            new = self._started(old, RunState.ABANDONED, job, slot_ms, owner, 1, lease)
-            if await self._write(job, new, revision):
-                return Claim(ClaimStatus.WON, self._mine(job, new))
-        raise StoreUnavailable(f"NATS {self.bucket}: claim of {job!r} lost {_ROUNDS} races")
-
-    async def _takeover(
-        self, job: str, slot_ms: int, owner: str, lease: float, seen_token: int
-    ) -> Claim:
-        for _ in range(_ROUNDS):
-            found = await self._read(job)
-            if found is None:
-                return Claim(ClaimStatus.TAKEN, None)
-            old, revision = found
-            current = self._state(job, old, revision)
-            if current.slot_ms != slot_ms or current.token != seen_token or not current.lapsed:
-                return Claim(ClaimStatus.TAKEN, current)
-            attempt = current.attempt + 1
-            new = self._started(old, RunState.LOST, job, slot_ms, owner, attempt, lease)
-            if await self._write(job, new, revision):
-                return Claim(ClaimStatus.WON, self._mine(job, new))
-        raise StoreUnavailable(f"NATS {self.bucket}: takeover of {job!r} lost {_ROUNDS} races")
-
-    async def _change(self, job: str, token: int, lease: float, state: RunState) -> bool:
-        for _ in range(_ROUNDS):
-            found = await self._read(job)
-            if found is None:
-                return False
-            old, revision = found
-            if old["token"] != token or old["state"] != RunState.RUNNING.value:
-                return False
-            runs = list(old["runs"])
-            if state is not RunState.RUNNING and runs and runs[0][2] == token:
-                runs[0] = [*runs[0][:4], state.value, runs[0][5], self._clock.time()]
-            new = {**old, "state": state.value, "lease": lease, "runs": runs}
-            if await self._write(job, new, revision):
-                return True
-        raise StoreUnavailable(f"NATS {self.bucket}: update of {job!r} lost {_ROUNDS} races")
-
-    async def _states(self, jobs: list[str]) -> dict[str, JobState]:
-        found = await asyncio.gather(*(self._read(job) for job in jobs))
-        return {job: self._state(job, *f) for job, f in zip(jobs, found, strict=True) if f}
-
-    async def _jobs(self) -> list[str]:
-        await self._bucket()
-        assert self._nc is not None
-        # One request: the stream's subjects are the bucket's keys.
-        js = self._nc.jetstream(timeout=self.timeout)
-        prefix = f"$KV.{self.bucket}."
-        info = await js.stream_info(f"KV_{self.bucket}", subjects_filter=f"{prefix}>")
-        names = (job_name(subject[len(prefix) :]) for subject in info.state.subjects or {})
-        return sorted(name for name in names if name is not None)
-
     def claim(self, job: str, slot_ms: int, owner: str, lease: float) -> Claim:
-        return self._run(self._claim(job, slot_ms, owner, lease))
+        return self._run(lambda: self._cas(job, self._claiming(job, slot_ms, owner, lease)))
 
     def claim_many(self, requests: Sequence[ClaimRequest], owner: str) -> list[Claim]:
-        """All claims at once on the loop: one round trip's wait for the whole batch."""
+        """Every claim at once on the loop: the batch waits for one round trip, not many."""
 
         async def batch() -> list[Claim]:
-            steps = (self._claim(r.job, r.slot_ms, owner, r.lease) for r in requests)
+            decide = (self._claiming(r.job, r.slot_ms, owner, r.lease) for r in requests)
+            steps = (self._cas(r.job, d) for r, d in zip(requests, decide, strict=True))
             return list(await asyncio.gather(*steps))
 
-        return self._run(batch()) if requests else []
+        return self._run(batch) if requests else []
 
     def takeover(self, job: str, slot_ms: int, owner: str, lease: float, seen_token: int) -> Claim:
-        return self._run(self._takeover(job, slot_ms, owner, lease, seen_token))
+        def decide(old: _Record | None, current: JobState | None) -> tuple[_Record | None, Claim]:
+            if (
+                current is None
+                or (current.slot_ms, current.token) != (slot_ms, seen_token)
+                or not current.lapsed
+            ):
+                return None, Claim(ClaimStatus.TAKEN, current)
+            return self._attempt(old, RunState.LOST, job, slot_ms, owner, lease)
+
+        return self._run(lambda: self._cas(job, decide))
 
     def renew(self, job: str, token: int, lease: float) -> bool:
-        return self._run(self._change(job, token, lease, RunState.RUNNING))
+        return self._run(lambda: self._cas(job, self._changing(token, lease, RunState.RUNNING)))
 
     def finish(self, job: str, token: int, outcome: RunState) -> bool:
         if outcome not in (RunState.DONE, RunState.FAILED):
             raise ValueError(f"a run finishes as done or failed, not {outcome.value}")
-        return self._run(self._change(job, token, 0.0, outcome))
+        return self._run(lambda: self._cas(job, self._changing(token, 0.0, outcome)))
 
     def release(self, job: str, token: int) -> bool:
-        return self._run(self._change(job, token, 0.0, RunState.RELEASED))
+        decide = self._changing(token, 0.0, RunState.RELEASED)
+        return self._run(lambda: self._cas(job, decide))
 
     def states(self, jobs: Iterable[str]) -> dict[str, JobState]:
         names = list(dict.fromkeys(jobs))
-        return self._run(self._states(names)) if names else {}
+
+        async def read_all() -> dict[str, JobState]:
+            found = await asyncio.gather(*(self._read(job) for job in names))
+            return {job: self._state(job, *f) for job, f in zip(names, found, strict=True) if f}
+
+        return self._run(read_all) if names else {}
 
     def history(self, job: str, limit: int = 20) -> list[RunRecord]:
-        found = self._run(self._read(job))
+        found = self._run(lambda: self._read(job))
         runs = found[0]["runs"][:limit] if found else []
         return [RunRecord(job, s, a, t, o, RunState(st), b, e) for s, a, t, o, st, b, e in runs]
 
     def jobs(self) -> list[str]:
-        return self._run(self._jobs())
+        async def subjects() -> dict[str, int]:
+            await self._bucket()
+            assert self._nc is not None
+            # One request: the bucket's stream lists its subjects, one per key.
+            js = self._nc.jetstream(timeout=self.timeout)
+            info = await js.stream_info(f"KV_{self.bucket}", subjects_filter=f"{prefix}>")
+            return info.state.subjects or {}
+
+        prefix = f"$KV.{self.bucket}."
+        names = (job_name(subject[len(prefix) :]) for subject in self._run(subjects))
+        return sorted(name for name in names if name is not None)
 
     def close(self) -> None:
         """Close the connection this store opened, stop its loop and join its thread."""
@@ -398,8 +390,7 @@ class NatsStore(Store):
         if self._thread is None:
             return  # the caller's client and loop: not ours to close
         try:
-            future = asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop)
-            future.result(self.timeout + 1)
+            asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(self.timeout + 1)
         except Exception as exc:  # closing must not fail; the loop still stops below
             log.debug("anarchon: closing NATS %s: %s", self.bucket, exc)
         self._loop.call_soon_threadsafe(self._loop.stop)

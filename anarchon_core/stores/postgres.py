@@ -1,56 +1,48 @@
 """PostgreSQL: a server store for instances on many machines (psycopg 3, psycopg_pool).
 
-URL: ``postgresql://user:password@host:5432/dbname?OPTIONS`` (or ``postgres://``),
-with these options of the store, all optional:
+URL: ``postgresql://user:password@host:5432/dbname?OPTIONS`` (or ``postgres://``).
+The store's own options: ``schema=NAME``, an existing schema for the tables
+(default: the first of the role's ``search_path``); ``timeout=SECONDS``
+(default 5), the connect timeout, TCP user timeout and longest wait for a
+pooled connection, past which a call raises ``StoreUnavailable`` (once the
+server was seen away, calls wait at most a second until one succeeds again);
+``pool_size=N`` (default 2), the most connections opened. Other parameters go
+to libpq (``sslmode``, ``application_name``...). The constructor also takes a
+``psycopg_pool.ConnectionPool`` of yours, which :meth:`PostgresStore.close`
+leaves open; give it ``autocommit=True`` and ``prepare_threshold=None``.
 
-- ``schema=NAME``: an existing schema for the tables (default: the first
-  schema of the role's ``search_path``, usually ``public``);
-- ``timeout=SECONDS`` (default 5): the connect timeout, how long a call waits
-  for a pooled connection, and the TCP user timeout: past it a call raises
-  :class:`~anarchon_core.errors.StoreUnavailable` instead of hanging;
-- ``pool_size=N`` (default 2): the most connections the store opens.
-
-Any other parameter goes to libpq as is (``sslmode``, ``application_name``...).
-The constructor also takes a ``psycopg_pool.ConnectionPool`` of yours, which
-:meth:`PostgresStore.close` leaves open; give it ``autocommit=True`` and
-``prepare_threshold=None`` (else every step also commits explicitly).
-
-Tables: each namespace has its own pair, ``anarchon_<name>_<hash>_jobs`` (one
-row per job: slot, owner, attempt, token, state, lease end) and ``..._runs``
-(the last 50 attempts), plus the trigger function ``..._log``. ``<name>`` is
-the namespace lower-cased, other characters as ``_``, cut to 24 characters, so
-``psql`` users recognise it; ``<hash>`` (SHA-256 of the exact namespace) keeps
-namespaces that read alike apart; the names stay far below the 63-byte limit.
-Tables of their own, rather than a namespace column, keep one application's
-rows, locks, grants and vacuum out of another's way, and dropping a namespace
-is a ``DROP TABLE``. They are created on first use, idempotently (``IF NOT
+Tables: each namespace has its own, ``anarchon_<name>_<hash>_jobs`` (a row per
+job: slot, owner, attempt, token, state, lease end) and ``..._runs`` (the last
+50 attempts), and a trigger function ``..._log``. ``<name>`` is the namespace
+lower-cased with other characters as ``_``, cut to 24, for people reading
+``psql``; ``<hash>`` (SHA-256 of the exact namespace) keeps namespaces that
+read alike apart; the names stay far below PostgreSQL's 63-byte limit. Tables
+of their own, rather than a namespace column, keep one application's rows,
+locks, grants and vacuum away from another's, and a namespace goes with a
+``DROP TABLE``. They are created on first use, idempotently (``IF NOT
 EXISTS``, ``CREATE OR REPLACE``), in one transaction holding a transaction-level
-advisory lock, so instances starting together cannot trip over each other's
-DDL. A role without the right to create tables needs them made once by one.
+advisory lock, so instances starting together do not trip over each other's
+DDL. A role that may not create tables needs them made once by one that may.
 
-Steps, each one autocommit statement (no session state, no advisory lock, no
-server-side prepared statement, so PgBouncer in transaction mode works):
+Each step is one autocommit statement, with no session state, advisory lock or
+server-side prepared statement, as PgBouncer in transaction mode requires:
+``claim`` is ``INSERT ... ON CONFLICT (job) DO UPDATE ... WHERE <older slot,
+ended or lapsed> RETURNING``; ``takeover`` is ``UPDATE ... WHERE <slot, token,
+released or lapsed> RETURNING``; either, when it lost, reads the holder with a
+``SELECT``. ``renew``, ``finish`` and ``release`` are ``UPDATE ... WHERE
+<token, running>``. ``claim_many`` sends every claim with its holder read in
+one pipeline: one round trip and one implicit transaction, taking rows in
+job-name order so that two batches cannot deadlock. Leases expire by the
+server's ``clock_timestamp()`` (``now()`` stands still for a transaction, so a
+statement that waited on a row lock would judge by a stale time). A row
+trigger keeps the history inside the same statement, as in the SQLite store.
 
-- ``claim``: ``INSERT ... ON CONFLICT (job) DO UPDATE ... WHERE <older slot,
-  and ended or lapsed> RETURNING``; a claim that lost learns the holder from
-  a ``SELECT`` sent in the same pipeline (one round trip either way);
-- ``claim_many``: those pairs for every request in one pipeline: one round
-  trip and one implicit transaction, taken in job-name order so two batches
-  cannot deadlock;
-- ``takeover``: ``UPDATE ... WHERE <slot, token, released or lapsed>
-  RETURNING``, with the same holder read;
-- ``renew``, ``finish``, ``release``: ``UPDATE ... WHERE <token, running>``.
-
-Leases expire by the server's ``clock_timestamp()`` (``now()`` stands still
-for a whole transaction, so a statement that waited on a row lock would judge
-by a stale time). The history follows from a row trigger on the jobs table,
-inside the same statement, as in the SQLite store.
-
-Caveats: libpq has no per-query client timeout, so a server that stops
+Caveats: libpq has no client-side query timeout, so a server that stops
 answering while its host still acknowledges TCP (a frozen process) blocks a
 call until it answers again; ``options=-c statement_timeout=5s`` in the URL
-bounds lock waits when no PgBouncer sits in between. After a failover to an
-asynchronous replica, commits it had not received are lost, claims included.
+bounds lock waits where no PgBouncer sits in between (the tests run against
+PostgreSQL 15 and 18 directly, not through PgBouncer). After a failover to an
+asynchronous replica, the commits it had not received are lost, claims too.
 """
 
 from __future__ import annotations
@@ -78,6 +70,8 @@ from ..urls import redact
 #: How many attempts per job the history keeps.
 HISTORY = 50
 
+#: Seconds a call waits for a connection once the server was seen away.
+_DOWN_WAIT = 1.0
 _UNAVAILABLE = (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout)
 _COLUMNS = "job, slot_ms, owner, attempt, token, state, "
 _COLUMNS += "extract(epoch FROM lease_until - clock_timestamp())::float8"
@@ -94,11 +88,9 @@ _SCHEMA = [
     # slot is taken over, abandoned when a newer slot supersedes it; one that
     # already ended keeps its state), start the next, trim the oldest.
     f"""CREATE OR REPLACE FUNCTION {{log}}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
-        IF TG_OP = 'UPDATE' AND NEW.token = OLD.token THEN
-            IF NEW.state <> OLD.state THEN
-                UPDATE {{runs}} SET state = NEW.state, ended_at = clock_timestamp()
-                 WHERE job = NEW.job AND token = NEW.token;
-            END IF;
+        IF TG_OP = 'UPDATE' AND NEW.token = OLD.token THEN  -- ended: done, failed, released
+            UPDATE {{runs}} SET state = NEW.state, ended_at = clock_timestamp()
+             WHERE job = NEW.job AND token = NEW.token;
             RETURN NULL;
         ELSIF TG_OP = 'UPDATE' THEN
             UPDATE {{runs}} SET ended_at = clock_timestamp(),
@@ -219,10 +211,10 @@ class PostgresStore(Store):
                 min_size=1,
                 max_size=pool_size,
                 timeout=self.timeout,
-                # Stop the background reconnection soon: the first call after
-                # the server is back then connects at once instead of waiting
-                # out a backoff that has grown for the whole outage.
-                reconnect_timeout=self.timeout,
+                # Stop the background reconnection soon: a call after that
+                # connects at once instead of waiting out a backoff that has
+                # grown for the whole outage.
+                reconnect_timeout=_DOWN_WAIT * 2,
                 name=f"anarchon-{namespace}",
                 open=True,
             )
@@ -240,6 +232,8 @@ class PostgresStore(Store):
         self._lock_key = int.from_bytes(digest[:8], "big", signed=True)
         self._ready = False
         self._ready_lock = threading.Lock()
+        #: How long the next call waits for a pooled connection.
+        self._wait = self.timeout
 
     @classmethod
     def from_url(cls, url: str, *, namespace: str, **options: Any) -> PostgresStore:
@@ -262,14 +256,15 @@ class PostgresStore(Store):
     @contextmanager
     def _connection(self) -> Iterator[psycopg.Connection[Any]]:
         try:
-            conn = self._pool.getconn()
+            conn = self._pool.getconn(self._wait)
             if _dropped(conn):
-                # The server restarted since this connection was last used:
-                # discard it and every other stale one, then get a fresh one.
+                # The server restarted or went away since this connection was
+                # used: discard it and every other stale one, then get a new one.
+                self._wait = min(self.timeout, _DOWN_WAIT)
                 conn.close()
                 self._pool.putconn(conn)
                 self._pool.check()
-                conn = self._pool.getconn()
+                conn = self._pool.getconn(self._wait)
             try:
                 if not self._ready:
                     self._create_schema(conn)
@@ -279,8 +274,12 @@ class PostgresStore(Store):
             finally:
                 self._pool.putconn(conn)
         except _UNAVAILABLE as exc:
+            # While the server is away, fail fast instead of waiting the whole
+            # timeout on every call: the engine backs off and decides leases.
+            self._wait = min(self.timeout, _DOWN_WAIT)
             message = str(exc).replace(self._secret, "***") if self._secret else str(exc)
             raise StoreUnavailable(f"PostgreSQL {self._where}: {message}") from exc
+        self._wait = self.timeout
 
     def _create_schema(self, conn: psycopg.Connection[Any]) -> None:
         with self._ready_lock:

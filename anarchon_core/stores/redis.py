@@ -51,7 +51,7 @@ import json
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 import redis
 from redis.backoff import NoBackoff
@@ -78,6 +78,7 @@ _UNAVAILABLE = (
     redis.exceptions.OutOfMemoryError,
 )
 
+#: Shared by every script: reads the server clock and the record first.
 _COMMON = """
 local function now_ms()
   local t = redis.call('TIME')
@@ -104,6 +105,7 @@ local function end_run(runs, token, state, now)
   end
 end
 local function start(rec, now)
+  rec.state = 'running'
   redis.call('HSET', KEYS[1], 'slot', rec.slot, 'owner', rec.owner, 'attempt', rec.attempt,
              'token', rec.token, 'state', 'running', 'expires', rec.expires)
   redis.call('LPUSH', KEYS[2], cjson.encode({slot = rec.slot, attempt = rec.attempt,
@@ -115,9 +117,7 @@ local now, rec = now_ms(), load(KEYS[1])
 """.replace("HISTORY", str(HISTORY))
 
 # KEYS: rec, runs. ARGV: slot, owner, lease_ms.
-_CLAIM = (
-    _COMMON
-    + """
+_CLAIM = """
 local slot, token = tonumber(ARGV[1]), 1
 if rec then
   if rec.slot == slot then return reply('taken', rec, now) end
@@ -131,12 +131,9 @@ end
 return start({slot = slot, owner = ARGV[2], attempt = 1, token = token,
               expires = now + tonumber(ARGV[3])}, now)
 """
-)
 
 # KEYS: rec, runs. ARGV: slot, owner, lease_ms, seen token.
-_TAKEOVER = (
-    _COMMON
-    + """
+_TAKEOVER = """
 if not rec then return {'taken'} end
 local lapsed = rec.state == 'released' or (rec.state == 'running' and rec.expires <= now)
 if rec.slot ~= tonumber(ARGV[1]) or rec.token ~= tonumber(ARGV[4]) or not lapsed then
@@ -146,13 +143,10 @@ if rec.state == 'running' then end_run(KEYS[2], rec.token, 'lost', now) end
 return start({slot = rec.slot, owner = ARGV[2], attempt = rec.attempt + 1,
               token = rec.token + 1, expires = now + tonumber(ARGV[3])}, now)
 """
-)
 
 # KEYS: rec, runs. ARGV: token, new state, lease_ms. Only the running holder of the
 # token gets through. 'running' renews; done/failed/released end the run and its lease.
-_HELD = (
-    _COMMON
-    + """
+_HELD = """
 if not rec or rec.token ~= tonumber(ARGV[1]) or rec.state ~= 'running' then return 0 end
 if ARGV[2] == 'running' then
   redis.call('HSET', KEYS[1], 'expires', now + tonumber(ARGV[3]))
@@ -162,11 +156,13 @@ else
 end
 return 1
 """
-)
 
 
 def _scrub(text: str, password: str | None) -> str:
-    return text.replace(password, "***") if password else text
+    if password:  # as given, and as it may appear percent-encoded or decoded
+        for form in {password, unquote(password), quote(password, safe="")}:
+            text = text.replace(form, "***")
+    return text
 
 
 def _text(value: Any) -> str:
@@ -203,9 +199,9 @@ class RedisStore(Store):
         kw = client.connection_pool.connection_kwargs
         self._where = f"redis://{kw.get('host', 'localhost')}:{kw.get('port', 6379)}"
         self._password: str | None = kw.get("password")
-        self._claim_script = client.register_script(_CLAIM)
-        self._takeover_script = client.register_script(_TAKEOVER)
-        self._held_script = client.register_script(_HELD)
+        self._claim_script = client.register_script(_COMMON + _CLAIM)
+        self._takeover_script = client.register_script(_COMMON + _TAKEOVER)
+        self._held_script = client.register_script(_COMMON + _HELD)
 
     @classmethod
     def from_url(cls, url: str, *, namespace: str, **options: Any) -> RedisStore:
@@ -216,6 +212,9 @@ class RedisStore(Store):
         options.setdefault("socket_timeout", OPERATION_TIMEOUT)
         options.setdefault("retry", Retry(NoBackoff(), 0))
         try:
+            db = urlsplit(url).path.strip("/")
+            if db and not db.isdigit():  # redis-py would quietly use database 0
+                raise ValueError(f"the database must be a number, not {db!r}")
             client = redis.Redis.from_url(f"{scheme}{sep}{rest}", **options)
         except ValueError as exc:
             message = _scrub(str(exc), urlsplit(url).password)

@@ -196,7 +196,7 @@ def test_racing_claimers_get_exactly_one_winner(
     racers, rounds = 16, 500
     if kind == "memory":
         stores = [make_store() for _ in range(racers)]
-        barrier = threading.Barrier(racers)
+        barrier = threading.Barrier(racers, timeout=60)
         wins = [[0] * rounds for _ in stores]
 
         def run(i: int) -> None:
@@ -216,7 +216,7 @@ def test_racing_claimers_get_exactly_one_winner(
         namespace = make_store().namespace
         context = multiprocessing.get_context("spawn")
         with context.Manager() as manager, context.Pool(racers) as pool:
-            barrier = manager.Barrier(racers)
+            barrier = manager.Barrier(racers, timeout=60)
             args = [(store_url, namespace, i, rounds, SLOT, barrier) for i in range(racers)]
             wins = pool.starmap(race, args)
     per_round = [sum(w[r] for w in wins) for r in range(rounds)]

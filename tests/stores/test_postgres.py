@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import shutil
 import signal
 import threading
@@ -13,7 +14,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from anarchon_core import Claim, ClaimStatus, RunState, StoreUnavailable, open_store
+from anarchon_core import Claim, ClaimRequest, ClaimStatus, RunState, StoreUnavailable, open_store
 from anarchon_core.errors import ConfigurationError
 from anarchon_core.stores.postgres import PostgresStore, table_prefix
 from tests import servers
@@ -109,7 +110,42 @@ def test_odd_namespaces_map_to_valid_distinct_tables(make: Make, url: str) -> No
         tables = _tables(url, name)
         assert len(tables) == 2 and all(len(t.encode()) <= 63 for t in tables)
         assert store.jobs() == ["job"]
-    assert [s.state("job").owner for s in stores] == [f"owner{i}" for i in range(len(names))]  # type: ignore[union-attr]
+    owners = [state.owner for s in stores if (state := s.state("job")) is not None]
+    assert owners == [f"owner{i}" for i in range(len(names))]
+
+
+def test_batches_in_any_order_neither_deadlock_nor_double_win(make: Make) -> None:
+    """Four instances claim the same 40 jobs each tick, each batch in its own order."""
+    namespace = f"t{uuid.uuid4().hex[:12]}"
+    stores = [make(namespace) for _ in range(4)]
+    jobs = [f"job{k:02}" for k in range(40)]
+    rounds = 10
+    barrier = threading.Barrier(len(stores))
+    wins: list[list[str]] = [[] for _ in range(rounds)]
+    errors: list[BaseException] = []
+
+    def tick(i: int) -> None:
+        order = random.Random(i).sample(jobs, len(jobs))
+        try:
+            for r in range(rounds):
+                barrier.wait()
+                requests = [ClaimRequest(job, SLOT + r * 1000, 0) for job in order]
+                claims = stores[i].claim_many(requests, f"i{i}")
+                assert all(
+                    c.holder is not None and c.holder.slot_ms == SLOT + r * 1000 for c in claims
+                )
+                wins[r] += [req.job for req, c in zip(requests, claims, strict=True) if c.won]
+        except BaseException as exc:
+            errors.append(exc)
+            barrier.abort()
+
+    threads = [threading.Thread(target=tick, args=(i,)) for i in range(len(stores))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    assert [sorted(won) for won in wins] == [jobs] * rounds
 
 
 def test_lease_expiry_follows_clock_timestamp_not_the_transaction_start(
@@ -181,23 +217,27 @@ def test_a_server_restart_is_survived_with_the_lease_intact() -> None:
             shutil.rmtree(server.workdir, ignore_errors=True)
 
 
-def test_the_password_never_shows(make: Make, url: str) -> None:
-    secret = "s3cr3t-pa55word"
-    port = servers.free_port()  # nothing listens there
-    dead = f"postgresql://postgres:{secret}@127.0.0.1:{port}/test?timeout=1"
-    store = PostgresStore.from_url(dead, namespace="secret")
+SECRET = "s3cr3t-pa55word"
+
+
+def test_the_password_never_shows(caplog: pytest.LogCaptureFixture) -> None:
+    dead = f"postgresql://postgres:{SECRET}@127.0.0.1:{servers.free_port()}/test?timeout=1"
+    store = PostgresStore.from_url(dead, namespace="secret")  # nothing listens there
     try:
-        assert secret not in repr(store)
+        assert SECRET not in repr(store)
         with pytest.raises(StoreUnavailable) as caught:
             store.claim("job", SLOT, "a", 10)
-        assert secret not in str(caught.value) and secret not in repr(caught.value)
+        assert SECRET not in str(caught.value) and SECRET not in repr(caught.value)
     finally:
         store.close()
     with pytest.raises(ConfigurationError) as bad:
         PostgresStore.from_url(dead + "&no_such_option=1", namespace="secret")
-    assert secret not in str(bad.value) and bad.value.__cause__ is None
-    # Trust authentication ignores the password: the store works and still hides it.
+    assert SECRET not in str(bad.value) and bad.value.__cause__ is None
+    assert caplog.records and SECRET not in caplog.text  # the pool's own warnings
+
+
+def test_a_password_in_the_url_works_and_stays_hidden(make: Make, url: str) -> None:
     user, rest = url.split("://", 1)[1].split("@", 1)
-    live = make(at=f"postgresql://{user}:{secret}@{rest}")
-    assert live.claim("job", SLOT, "a", 10).won
-    assert secret not in repr(live)
+    store = make(at=f"postgresql://{user}:{SECRET}@{rest}")  # trust auth ignores it
+    assert store.claim("job", SLOT, "a", 10).won
+    assert SECRET not in repr(store)

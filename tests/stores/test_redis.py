@@ -1,0 +1,244 @@
+"""What the Redis/Valkey store promises beyond the contract, on real servers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import tempfile
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from redis.crc import key_slot
+
+from anarchon_core import ClaimRequest, ClaimStatus, RunState
+from anarchon_core.errors import ConfigurationError, StoreUnavailable
+from anarchon_core.stores.redis import RedisStore
+from tests import servers
+
+SLOT = 1_700_000_000_000
+
+
+@pytest.fixture(params=["redis_url", "valkey_url"], ids=["redis", "valkey"])
+def url(request: pytest.FixtureRequest) -> str:
+    return str(request.getfixturevalue(request.param))
+
+
+@pytest.fixture
+def namespace() -> str:
+    return f"t{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def store(url: str, namespace: str) -> Iterator[RedisStore]:
+    store = RedisStore.from_url(url, namespace=namespace)
+    yield store
+    store.close()
+
+
+def server_ms(client: redis.Redis) -> int:
+    seconds, micros = client.time()
+    return seconds * 1000 + micros // 1000
+
+
+def test_scripts_survive_script_flush(store: RedisStore) -> None:
+    holder = store.claim("job", SLOT, "a", 10).holder
+    assert holder is not None
+    store.client.script_flush()
+    assert store.renew("job", holder.token, 20)
+    store.client.script_flush()
+    assert store.release("job", holder.token)
+    store.client.script_flush()
+    assert store.takeover("job", SLOT, "b", 10, holder.token).won
+    store.client.script_flush()
+    # The batched claim sends raw EVALSHAs in one pipeline: each NOSCRIPT is sent again.
+    claims = store.claim_many([ClaimRequest("x", SLOT, 10), ClaimRequest("y", SLOT, 10)], "b")
+    assert [c.status for c in claims] == [ClaimStatus.WON, ClaimStatus.WON]
+    assert store.jobs() == ["job", "x", "y"]
+
+
+def test_all_keys_of_a_job_share_one_hash_slot(store: RedisStore, namespace: str) -> None:
+    jobs = ["job", "we{ird}", "}x{", "a/b", "ünï:code"]
+    for k in range(2):
+        for claim in store.claim_many([ClaimRequest(j, SLOT + k, 10) for j in jobs], "a"):
+            assert claim.holder is not None
+            store.finish(claim.holder.job, claim.holder.token, RunState.DONE)
+    found = [
+        key.decode()
+        for key in store.client.scan_iter(match=f"anarchon:{{{namespace}/*", count=1000)
+    ]
+    by_job: dict[str, list[str]] = defaultdict(list)
+    for key in found:
+        by_job[key.rsplit(":", 1)[0]].append(key)
+    assert len(by_job) == len(jobs) and len(found) == 2 * len(jobs)
+    for keys in by_job.values():
+        assert sorted(k.rsplit(":", 1)[1] for k in keys) == ["rec", "runs"]
+        assert len({key_slot(k.encode()) for k in keys}) == 1
+
+
+def test_namespaces_with_colons_do_not_collide(url: str, namespace: str) -> None:
+    left = RedisStore.from_url(url, namespace=f"{namespace}:a")
+    right = RedisStore.from_url(url, namespace=namespace)
+    try:
+        assert left.claim("b", SLOT, "l", 10).won
+        assert right.claim("a:b", SLOT, "r", 10).won
+        assert left.jobs() == ["b"] and right.jobs() == ["a:b"]
+    finally:
+        left.close()
+        right.close()
+
+
+def test_the_lease_is_measured_by_the_server_clock(
+    store: RedisStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # This process's clock is an hour off; the lease must not notice.
+    real_time = time.time
+    monkeypatch.setattr(time, "time", lambda: real_time() + 3600)
+    before = server_ms(store.client)
+    holder = store.claim("job", SLOT, "a", 10).holder
+    after = server_ms(store.client)
+    assert holder is not None and holder.lease_remaining == 10
+    raw = store.client.hget(f"anarchon:{{{store.namespace}/job}}:rec", "expires")
+    assert raw is not None
+    expires = int(raw)
+    assert before + 10_000 <= expires <= after + 10_000
+    state = store.state("job")
+    assert state is not None
+    assert abs(state.lease_remaining - (expires - server_ms(store.client)) / 1000) < 0.05
+    # A short lease lapses by the server's clock, not before.
+    short = store.claim("quick", SLOT, "a", 0.3).holder
+    assert short is not None
+    assert not store.takeover("quick", SLOT, "b", 10, short.token).won
+    time.sleep(0.35)
+    assert store.takeover("quick", SLOT, "b", 10, short.token).won
+
+
+def test_claim_many_is_one_round_trip(store: RedisStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+    execute = redis.client.Pipeline.execute
+    command = redis.Redis.execute_command
+
+    def counted_execute(self: redis.client.Pipeline, raise_on_error: bool = True) -> object:
+        calls.append("pipeline")
+        return execute(self, raise_on_error)
+
+    def counted_command(self: redis.Redis, *args: object, **options: object) -> object:
+        calls.append(str(args[0]))
+        return command(self, *args, **options)  # type: ignore[no-untyped-call]
+
+    store.claim("warm", SLOT, "a", 10)  # the scripts are loaded by now
+    monkeypatch.setattr(redis.client.Pipeline, "execute", counted_execute)
+    monkeypatch.setattr(redis.Redis, "execute_command", counted_command)
+    claims = store.claim_many([ClaimRequest(f"j{i}", SLOT, 10) for i in range(20)], "a")
+    assert all(c.won for c in claims)
+    assert len(store.states(f"j{i}" for i in range(20))) == 20
+    assert calls == ["pipeline", "pipeline"]
+
+
+def test_a_client_passed_in_is_used_and_left_open(url: str, namespace: str) -> None:
+    plain = url.replace("valkey://", "redis://", 1)
+    client = redis.Redis.from_url(plain, decode_responses=True, socket_timeout=3)
+    store = RedisStore(client=client, namespace=namespace)
+    assert store.claim("job", SLOT, "a", 10).won
+    state = store.state("job")
+    assert state is not None and state.owner == "a"
+    assert store.history("job")[0].owner == "a"
+    store.close()
+    assert client.ping()
+    client.close()
+
+
+# -- URLs and passwords ---------------------------------------------------
+
+
+def test_valkey_and_tls_schemes_map_to_redis_py_connections() -> None:
+    plain = RedisStore.from_url("valkey://127.0.0.1:6390/3", namespace="n")
+    tls = RedisStore.from_url("valkeys://user:s3cr%21t@example.com:6391/2", namespace="n")
+    rediss = RedisStore.from_url("rediss://:s3cr%21t@example.com", namespace="n")
+    try:
+        pool = plain.client.connection_pool
+        assert pool.connection_class is redis.Connection
+        assert (pool.connection_kwargs["port"], pool.connection_kwargs["db"]) == (6390, 3)
+        kwargs = tls.client.connection_pool.connection_kwargs
+        assert tls.client.connection_pool.connection_class is redis.SSLConnection
+        assert (kwargs["username"], kwargs["password"], kwargs["db"]) == ("user", "s3cr!t", 2)
+        assert rediss.client.connection_pool.connection_class is redis.SSLConnection
+        for store in (tls, rediss):
+            assert "s3cr" not in repr(store) and "***" in repr(store)
+    finally:
+        for store in (plain, tls, rediss):
+            store.close()
+
+
+def test_a_bad_url_names_the_problem_without_the_password() -> None:
+    for bad in ("valkey://:s3cret@127.0.0.1:6379/notadb", "redis://:s3cret@host:port/0"):
+        with pytest.raises(ConfigurationError) as info:
+            RedisStore.from_url(bad, namespace="n")
+        assert "s3cret" not in str(info.value) and info.value.__cause__ is None
+
+
+def test_passwords_stay_out_of_errors(url: str, namespace: str) -> None:
+    """A user and password the server refuses, and a port where no server listens."""
+    host_url = url.replace("://", f"://{namespace}:s3cr%21t@", 1)
+    closed = f"valkey://:s3cr%21t@127.0.0.1:{servers.free_port()}/0"
+    for target in (host_url, closed):
+        store = RedisStore.from_url(target, namespace=namespace)
+        with pytest.raises(StoreUnavailable) as info:
+            store.claim("job", SLOT, "a", 10)
+        assert "s3cr" not in str(info.value) and "s3cr" not in repr(store)
+        store.close()
+
+
+# -- a server of our own: restart and freeze -------------------------------
+
+
+@pytest.fixture(params=["redis", "valkey"])
+def own_server(request: pytest.FixtureRequest) -> Iterator[servers.ServerProcess]:
+    binary = servers.redis_binary() if request.param == "redis" else servers.valkey_binary()
+    if binary is None:
+        servers.unavailable(f"a {request.param} server binary")
+    assert binary is not None
+    datadir = Path(tempfile.mkdtemp(prefix=f"{request.param}-restart-"))
+    server = servers.start_redis_like(binary, f"{request.param}-restart", datadir)
+    yield server
+    server.stop()
+
+
+def test_server_restart_and_freeze(own_server: servers.ServerProcess) -> None:
+    """Unavailable while down, no hang beyond the timeouts, answers again after a restart.
+
+    The server keeps nothing on disk, so the restart forgets the claim: the
+    slot can be claimed again (the caveat in the module docstring).
+    """
+    url = f"redis://127.0.0.1:{own_server.port}/0"
+    store = RedisStore.from_url(url, namespace="n", socket_timeout=0.5, socket_connect_timeout=1)
+    try:
+        assert store.claim("job", SLOT, "a", 10).won
+        own_server.stop()
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailable, match=f"127.0.0.1:{own_server.port}"):
+            store.renew("job", 1, 10)
+        with pytest.raises(StoreUnavailable):
+            store.states(["job"])
+        assert time.monotonic() - started < 2
+        own_server.start()
+        assert store.state("job") is None  # not persisted: the lease vanished
+        again = store.claim("job", SLOT, "b", 10)  # scripts reload by themselves
+        assert again.won and again.holder is not None and again.holder.token == 1
+        # A frozen server: the operation times out instead of hanging.
+        assert own_server.proc is not None
+        os.kill(own_server.proc.pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailable):
+                store.renew("job", 1, 10)
+            assert time.monotonic() - started < 1.5
+        finally:
+            os.kill(own_server.proc.pid, signal.SIGCONT)
+        assert store.renew("job", 1, 10)
+    finally:
+        store.close()
