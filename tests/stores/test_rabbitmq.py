@@ -26,6 +26,12 @@ MakeStore = Callable[..., RabbitMQStore]
 
 
 @pytest.fixture
+def amqp_url(amqp_url: str) -> str:
+    """The broker without the suite's ``?expires=``: these tests set their own and clean up."""
+    return amqp_url.split("?", 1)[0]
+
+
+@pytest.fixture
 def namespace() -> str:
     return f"t{uuid.uuid4().hex[:10]}-rmq"
 
@@ -53,7 +59,7 @@ def make(amqp_url: str, namespace: str, made: list[RabbitMQStore]) -> MakeStore:
 
 def _delete_queues(url: str, namespace: str) -> None:
     """Tests leave no queue behind (the broker is shared): delete the ones they may make."""
-    names = RabbitMQStore(url=url, namespace=namespace)
+    names = RabbitMQStore.from_url(url, namespace=namespace)
     with Connection(url, connect_timeout=5) as conn:
         channel = conn.channel()
         for job in ("job", "race"):
