@@ -42,7 +42,8 @@ thread; the synchronous methods submit coroutines to it and wait at most
 loop and joins the thread. While the server is down calls fail at once with
 ``StoreUnavailable`` (nothing is buffered to be sent later) and the client
 reconnects in the background. A step that timed out may still have been
-applied; the compare-and-set keeps the record consistent either way. An
+applied: the compare-and-set keeps the record consistent, and a claim won
+unknowingly is taken over like a crashed run, one lease later. An
 existing client may be passed as ``client=`` with the ``loop=`` it runs on (in
 another thread): the store then neither closes it nor starts a thread.
 """
@@ -184,10 +185,15 @@ class NatsStore(Store):
                 self._kv = None  # look the bucket up again next time: it may have been deleted
                 raise StoreUnavailable(f"NATS {self.bucket}: {type(exc).__name__} {exc}") from exc
 
-        future = asyncio.run_coroutine_threadsafe(guarded(), self._loop)
+        call = guarded()
+        try:
+            future = asyncio.run_coroutine_threadsafe(call, self._loop)
+        except RuntimeError as exc:  # the loop closed under us: close() from another thread
+            call.close()
+            raise StoreUnavailable(f"{self!r} is closed") from exc
         try:
             return future.result(deadline + 1)
-        except TimeoutError as exc:  # the loop itself is stuck: a backstop, not the rule
+        except concurrent.futures.TimeoutError as exc:  # a stuck loop: a backstop, not the rule
             future.cancel()
             raise StoreUnavailable(f"NATS {self.bucket}: no answer in {deadline}s") from exc
         except concurrent.futures.CancelledError as exc:  # close() from another thread
