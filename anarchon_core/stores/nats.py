@@ -369,8 +369,7 @@ class NatsStore(Store):
         return self._run(lambda: self._cas(job, self._changing(token, 0.0, outcome)))
 
     def release(self, job: str, token: int) -> bool:
-        decide = self._changing(token, 0.0, RunState.RELEASED)
-        return self._run(lambda: self._cas(job, decide))
+        return self._run(lambda: self._cas(job, self._changing(token, 0.0, RunState.RELEASED)))
 
     def states(self, jobs: Iterable[str]) -> dict[str, JobState]:
         names = list(dict.fromkeys(jobs))

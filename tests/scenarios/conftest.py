@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cleanup import drop_namespace
 from tests.conftest import SERVER_STORES
 from tests.scenarios.harness import Fleet
 
@@ -45,6 +46,7 @@ def _fleets(tmp_path: Path, url: str) -> Iterator[Callable[..., Fleet]]:
     yield make
     for fleet in fleets:
         fleet.stop_all()
+    drop_namespace(url, namespace)
 
 
 @pytest.fixture

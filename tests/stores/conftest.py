@@ -10,6 +10,7 @@ import pytest
 
 from anarchon_core import Store, open_store
 from anarchon_core.stores.memory import MemoryStore
+from tests.cleanup import drop_namespace
 from tests.conftest import SERVER_STORES
 
 StoreFactory = Callable[..., Store]
@@ -55,6 +56,8 @@ def make_store(kind: str, store_url: str) -> Iterator[StoreFactory]:
     yield make
     for store in made:
         store.close()
+    for namespace in {store.namespace for store in made}:
+        drop_namespace(store_url, namespace)
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from anarchon_core import ClaimStatus, RunState, StoreUnavailable
+from anarchon_core import ClaimStatus, ConfigurationError, RunState, StoreUnavailable, open_store
 
 nats_store = pytest.importorskip("anarchon_core.stores.nats")
 NatsStore = nats_store.NatsStore
@@ -305,3 +305,16 @@ def test_odd_job_names_are_stored_and_listed(make: Callable[..., Any]) -> None:
         assert store.jobs() == sorted(ODD_JOBS)
         states = store.states(ODD_JOBS)
         assert {job: s.slot_ms for job, s in states.items()} == dict.fromkeys(ODD_JOBS, SLOT + k)
+
+
+def test_url_options() -> None:
+    url = "nats://u:p@127.0.0.1:4222,127.0.0.1:4223?timeout=1.5&connect_timeout=0.5&replicas=3"
+    store: Any = open_store(url, namespace="a.b")
+    try:
+        assert (store.timeout, store.connect_timeout, store.replicas) == (1.5, 0.5, 3)
+        assert store.servers == ["nats://u:p@127.0.0.1:4222", "nats://127.0.0.1:4223"]
+        assert store.bucket == "anarchon-a_db"
+    finally:
+        store.close()
+    with pytest.raises(ConfigurationError, match="ttl"):
+        open_store("nats://127.0.0.1:4222?ttl=5")

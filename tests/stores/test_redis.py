@@ -19,6 +19,7 @@ from anarchon_core import ClaimRequest, ClaimStatus, RunState
 from anarchon_core.errors import ConfigurationError, StoreUnavailable
 from anarchon_core.stores.redis import RedisStore
 from tests import servers
+from tests.cleanup import drop_namespace
 
 SLOT = 1_700_000_000_000
 
@@ -29,8 +30,11 @@ def url(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def namespace() -> str:
-    return f"t{uuid.uuid4().hex[:10]}"
+def namespace(url: str) -> Iterator[str]:
+    namespace = f"t{uuid.uuid4().hex[:10]}"
+    yield namespace
+    for name in (namespace, f"{namespace}:a"):
+        drop_namespace(url, name)
 
 
 @pytest.fixture
