@@ -173,7 +173,17 @@ class Run:
     longer holds the lease; :meth:`check` raises :class:`LeaseLost` then.
     """
 
-    __slots__ = ("_lost", "_reason", "attempt", "instance", "job", "slot", "slot_id", "token")
+    __slots__ = (
+        "_hand_off",
+        "_lost",
+        "_reason",
+        "attempt",
+        "instance",
+        "job",
+        "slot",
+        "slot_id",
+        "token",
+    )
 
     def __init__(
         self, *, job: str, slot: datetime, slot_id: str, attempt: int, token: int, instance: str
@@ -186,6 +196,7 @@ class Run:
         self.instance = instance
         self._lost = threading.Event()
         self._reason = ""
+        self._hand_off: float | None = None
 
     @property
     def lost(self) -> bool:
@@ -200,6 +211,19 @@ class Run:
         """Raise :class:`LeaseLost` if this instance no longer holds the run."""
         if self._lost.is_set():
             raise LeaseLost(f"{self.slot_id} attempt {self.attempt}: {self._reason}")
+
+    def hand_off(self, lease: float) -> None:
+        """Keep the slot running after the handler returns, for ``lease`` more seconds.
+
+        For handlers that only dispatch the work to someone else (a Celery or
+        Dramatiq worker): instead of finishing the run, the engine extends its
+        lease once and lets go. Whoever executes the work then renews and
+        finishes the run with :attr:`token`; if nobody does, the lease lapses
+        and a backup takes the slot over as the next attempt.
+        """
+        if lease <= 0:
+            raise ValueError("hand_off(lease): the lease must be positive")
+        self._hand_off = lease
 
     def _lose(self, reason: str) -> bool:
         """Mark the run lost; return False if it already was."""
@@ -218,7 +242,8 @@ class Event:
     """Something the engine did, for listeners, metrics and the demo.
 
     ``kind`` is one of: ``won``, ``catch_up``, ``taken``, ``overlap``,
-    ``takeover``, ``finished``, ``failed``, ``lost``, ``finish_refused``,
+    ``takeover``, ``finished``, ``failed``, ``dispatched`` (the handler handed
+    the run off, see :meth:`Run.hand_off`), ``lost``, ``finish_refused``,
     ``handed_over``, ``missed``, ``store_unavailable``, ``store_recovered``.
     """
 

@@ -57,6 +57,7 @@ _LEVELS = {
     "won": logging.DEBUG,
     "taken": logging.DEBUG,
     "finished": logging.DEBUG,
+    "dispatched": logging.DEBUG,
     "catch_up": logging.INFO,
     "overlap": logging.INFO,
     "takeover": logging.INFO,
@@ -563,8 +564,13 @@ class Scheduler:
                 rt, run, outcome = self._done.get_nowait()
             except queue.Empty:
                 return
+            handed_off = run._hand_off is not None and outcome is RunState.DONE
             try:
-                finished = self.store.finish(run.job, run.token, outcome)
+                if handed_off:
+                    assert run._hand_off is not None
+                    finished = self.store.renew(run.job, run.token, run._hand_off)
+                else:
+                    finished = self.store.finish(run.job, run.token, outcome)
             except StoreUnavailable:
                 self._done.put((rt, run, outcome))
                 raise
@@ -575,6 +581,7 @@ class Scheduler:
                         self._runtimes.pop(run.job, None)
             if finished:
                 kind = "finished" if outcome is RunState.DONE else "failed"
+                kind = "dispatched" if handed_off else kind
                 self._emit(kind, run.job, run.slot_id, run.attempt)
             else:
                 run._lose("finish refused: another instance holds the slot")

@@ -382,3 +382,32 @@ def test_redeclaring_a_removed_job_during_its_last_run_keeps_that_run_and_the_ne
         slot_id("job", _dt(START + 60)),
         slot_id("job", _dt(START + 90)),
     ]
+
+
+def test_a_handed_off_run_stays_running_and_is_taken_over_if_nobody_finishes_it() -> None:
+    cluster = Cluster()
+    dispatched: list[tuple[str, int, int]] = []
+
+    def dispatch(run) -> None:  # type: ignore[no-untyped-def]
+        dispatched.append((run.slot_id, run.attempt, run.token))
+        run.hand_off(5)
+
+    for name in "abc":
+        cluster.add(name, lambda s: s.add_job(dispatch, name="job", every=60, lease=2))
+    cluster.run(61)
+    token = dispatched[0][2]
+    state = cluster.store.state("job")
+    assert state is not None and state.state is RunState.RUNNING
+    assert 3 < state.lease_remaining <= 5  # extended to the hand-off lease, not renewed further
+    assert len(cluster.kinds("dispatched")) == 1
+    # Whoever executes it finishes it with the token: then nothing is taken over.
+    assert cluster.store.finish("job", token, RunState.DONE)
+    cluster.run(10)
+    assert len(dispatched) == 1
+    # The next slot, nobody finishes: backups dispatch it again, one lease apart.
+    cluster.run(60)
+    later = dispatched[1:]
+    assert [a for _, a, _ in later] == list(range(1, len(later) + 1))
+    assert len(later) >= 2
+    assert {s for s, _, _ in later} == {later[0][0]}
+    assert [t for _, _, t in later] == sorted({t for _, _, t in later})
