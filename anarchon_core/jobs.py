@@ -174,6 +174,7 @@ class Run:
     """
 
     __slots__ = (
+        "_extend",
         "_hand_off",
         "_lost",
         "_reason",
@@ -197,6 +198,7 @@ class Run:
         self._lost = threading.Event()
         self._reason = ""
         self._hand_off: float | None = None
+        self._extend: Callable[[float], bool] | None = None
 
     @property
     def lost(self) -> bool:
@@ -213,16 +215,21 @@ class Run:
             raise LeaseLost(f"{self.slot_id} attempt {self.attempt}: {self._reason}")
 
     def hand_off(self, lease: float) -> None:
-        """Keep the slot running after the handler returns, for ``lease`` more seconds.
+        """Extend the lease to ``lease`` seconds now, and leave the slot running.
 
         For handlers that only dispatch the work to someone else (a Celery or
-        Dramatiq worker): instead of finishing the run, the engine extends its
-        lease once and lets go. Whoever executes the work then renews and
-        finishes the run with :attr:`token`; if nobody does, the lease lapses
-        and a backup takes the slot over as the next attempt.
+        Dramatiq worker): call it before dispatching. When the handler returns,
+        the engine neither finishes nor renews the run: whoever executes the
+        work renews and finishes it with :attr:`token`; if nobody does, the
+        lease lapses and a backup takes the slot over as the next attempt.
+        Raises :class:`LeaseLost` if the lease is no longer this run's.
         """
         if lease <= 0:
             raise ValueError("hand_off(lease): the lease must be positive")
+        self.check()
+        if self._extend is not None and not self._extend(lease):
+            self._lose("hand-off refused: another instance took the slot over")
+            self.check()
         self._hand_off = lease
 
     def _lose(self, reason: str) -> bool:

@@ -117,6 +117,9 @@ class Scheduler:
     ``lease``, ``renew``, ``jitter``, ``catch_up`` and ``watch`` are the defaults
     of every job (see :class:`~anarchon_core.jobs.JobOptions`); each job may
     override them. ``listener`` receives every :class:`~anarchon_core.Event`.
+    ``inline=True`` runs handlers in the scheduling thread, for handlers that
+    only dispatch work elsewhere (Celery, Dramatiq): their slot is then
+    finished or handed off within the same step.
     """
 
     def __init__(
@@ -133,6 +136,7 @@ class Scheduler:
         clock: Clock | None = None,
         seed: int | None = None,
         listener: Callable[[Event], None] | None = None,
+        inline: bool = False,
     ) -> None:
         self._defaults = JobOptions.build(
             lease=lease, renew=renew, jitter=jitter, catch_up=catch_up, watch=watch
@@ -168,6 +172,7 @@ class Scheduler:
         self._retry_at = 0.0
         self._stats: Counter[str] = Counter()
         self._handler_threads: list[threading.Thread] = []
+        self._inline = inline
 
     # -- declaring jobs -------------------------------------------------
 
@@ -359,6 +364,7 @@ class Scheduler:
             self._initialise()
             self._claim_due()
             self._check_watches(now_mono)
+            self._finish_completed()
         except StoreUnavailable as exc:
             self._store_failed(exc)
             return self._backoff
@@ -537,8 +543,12 @@ class Scheduler:
             token=holder.token,
             instance=self.instance,
         )
+        run._extend = lambda lease: self.store.renew(run.job, run.token, lease)
         now_mono = self._clock.monotonic()
         rt.active = _Active(run, now_mono + rt.job.options.renew_every, now_mono)
+        if self._inline:
+            self._execute(rt, run)
+            return
         thread = self._clock.spawn(lambda: self._execute(rt, run), f"anarchon:{run.slot_id}")
         self._handler_threads = [t for t in self._handler_threads if t.is_alive()]
         self._handler_threads.append(thread)
@@ -566,11 +576,8 @@ class Scheduler:
                 return
             handed_off = run._hand_off is not None and outcome is RunState.DONE
             try:
-                if handed_off:
-                    assert run._hand_off is not None
-                    finished = self.store.renew(run.job, run.token, run._hand_off)
-                else:
-                    finished = self.store.finish(run.job, run.token, outcome)
+                # A handed-off run belongs to whoever executes the work now.
+                finished = handed_off or self.store.finish(run.job, run.token, outcome)
             except StoreUnavailable:
                 self._done.put((rt, run, outcome))
                 raise

@@ -1,0 +1,225 @@
+"""Execution tracking: the worker running a slot's task holds the slot's lease.
+
+Beat sends each slot's task with a header (:data:`HEADER`) naming the slot,
+the attempt and its fencing token, then hands the slot's lease off to whoever
+executes it (:meth:`anarchon_core.Run.hand_off`). In the worker, a wrapper
+around ``Task.__call__`` (installed when this module is imported, which the
+``celery`` command does for every worker through the ``celery anarchon``
+subcommand's entry point, before the app loads and before the pool forks):
+
+- renews the lease with the token before the task body runs; a stale token
+  (another attempt of this slot was sent since) skips the body: the task is
+  marked revoked and nothing runs;
+- renews the lease in a background thread while the body runs;
+- finishes the slot when the body returns (done) or raises (failed); a
+  Celery retry keeps the slot, with the pickup lease, for the retried message.
+
+A worker SIGKILLed mid-task stops renewing: the lease lapses and a backup
+beat sends the slot again as the next attempt. Workers announce the wrapper
+in their configuration (:data:`FLAG`), which beat reads with ``inspect
+conf``: beat only hands slots off while every worker that answers has it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from celery import Celery, signals
+from celery.app.task import Task
+from celery.exceptions import Ignore, Retry
+
+from anarchon_core import AnarchonError, RunState, Store, open_store
+
+log = logging.getLogger(__name__)
+
+#: The message header (and ``task.request`` attribute) carrying slot, attempt and token.
+HEADER = "anarchon"
+#: Set in a worker's configuration when the wrapper is installed.
+FLAG = "anarchon_worker_tracking"
+_stores: dict[tuple[str, str], Store] = {}
+_lock = threading.Lock()
+
+
+def task_id(namespace: str, slot_id: str, attempt: int) -> str:
+    """The task id of one attempt of one slot: a double send would be visible."""
+    return f"anarchon:{namespace}:{slot_id}:{attempt}"
+
+
+def _store(app: Celery, namespace: str) -> Store:
+    from .scheduler import store_url
+
+    key = (store_url(app), namespace)
+    with _lock:
+        if key not in _stores:
+            _stores[key] = open_store(key[0], namespace=namespace)
+        return _stores[key]
+
+
+class _Lease:
+    """The lease of one tracked task, renewed in a thread while the body runs."""
+
+    def __init__(self, task: Task, info: dict[str, Any]) -> None:
+        self.job = str(info["job"])
+        self.slot_id = str(info["slot_id"])
+        self.token = int(info["token"])
+        self.lease = float(info["lease"])
+        self.pickup = float(info.get("pickup", self.lease))
+        self.store = _store(task.app, str(info["namespace"]))
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def begin(self) -> bool:
+        """Take the lease for execution; False if this attempt is stale."""
+        if not self.store.renew(self.job, self.token, self.lease):
+            return False
+        self._thread = threading.Thread(target=self._beat, name=f"anarchon:{self.slot_id}")
+        self._thread.daemon = True
+        self._thread.start()
+        return True
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.lease / 3):
+            try:
+                if not self.store.renew(self.job, self.token, self.lease):
+                    log.warning("anarchon: %s lost its lease while running", self.slot_id)
+                    return
+            except AnarchonError as exc:
+                log.warning("anarchon: could not renew %s: %s", self.slot_id, exc)
+
+    def end(self, outcome: RunState | None) -> None:
+        """Stop renewing; finish the slot (``None``: keep it for a retry)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+        try:
+            if outcome is None:
+                self.store.renew(self.job, self.token, self.pickup)
+            elif not self.store.finish(self.job, self.token, outcome):
+                log.warning("anarchon: %s finished after losing its lease", self.slot_id)
+        except AnarchonError as exc:
+            log.warning("anarchon: could not finish %s: %s", self.slot_id, exc)
+
+
+def _tracked(task: Task) -> dict[str, Any] | None:
+    request = task.request_stack.top
+    if request is None or request.called_directly or len(task.request_stack) != 1:
+        return None
+    info = getattr(request, HEADER, None)
+    return info if isinstance(info, dict) and info.get("tracked") else None
+
+
+_original_call: Any = None
+
+
+def _call(self: Task, *args: Any, **kwargs: Any) -> Any:
+    info = _tracked(self)
+    if info is None:
+        return _original_call(self, *args, **kwargs)
+    try:
+        lease = _Lease(self, info)
+        current = lease.begin()
+    except AnarchonError as exc:
+        # Unverifiable: never run what may have been sent again; the lease
+        # lapses and a backup sends the slot once the store answers.
+        log.warning("anarchon: skipping %s, the store is unavailable: %s", info["slot_id"], exc)
+        raise Ignore(str(exc)) from exc
+    if not current:
+        log.warning(
+            "anarchon: skipping %s attempt %s: a later attempt of this slot was sent",
+            info["slot_id"],
+            info["attempt"],
+        )
+        request = self.request_stack.top
+        self.backend.mark_as_revoked(request.id, "stale anarchon attempt", request=request)
+        raise Ignore("stale anarchon attempt")
+    try:
+        result = _original_call(self, *args, **kwargs)
+    except Retry:
+        lease.end(None)
+        raise
+    except Ignore:
+        lease.end(RunState.DONE)
+        raise
+    except BaseException:
+        lease.end(RunState.FAILED)
+        raise
+    lease.end(RunState.DONE)
+    return result
+
+
+def install() -> None:
+    """Wrap ``Task.__call__`` once per process (idempotent).
+
+    Done at ``worker_init``: after Celery installed its own stack protection on
+    ``Task.__call__`` (which it would otherwise put over ours), before the
+    pool forks and before any task's tracer is built.
+    """
+    global _original_call
+    if Task.__call__ is not _call:
+        _original_call = Task.__call__
+        Task.__call__ = _call
+
+
+@signals.worker_init.connect  # type: ignore[untyped-decorator]
+def _on_worker_init(sender: Any = None, **_: Any) -> None:
+    """Install the wrapper and tell beat, through ``inspect conf``, that it is there."""
+    install()
+    app = getattr(sender, "app", None)
+    if app is not None:
+        app.conf[FLAG] = True
+
+
+def tracking_in_workers(app: Celery, timeout: float = 1.0) -> bool | None:
+    """Whether every worker that answers has the wrapper; None if no worker answered."""
+    try:
+        replies = app.control.inspect(timeout=timeout).conf() or {}
+    except Exception as exc:  # broker trouble: decide later
+        log.debug("anarchon: inspect conf failed: %s", exc)
+        return None
+    if not replies:
+        return None
+    return all(isinstance(conf, dict) and conf.get(FLAG) for conf in replies.values())
+
+
+class WorkerCheck:
+    """Asks the workers, now and then, whether they all track execution.
+
+    Beat hands slots off to workers only while the last answer was yes; until
+    the first answer, and after any no, it sends in dispatch-only mode (the
+    slot is finished once sent) and says so in a warning.
+    """
+
+    def __init__(self, app: Celery, every: float = 30.0) -> None:
+        self.app = app
+        self.every = every
+        self.tracking = False
+        self._said: bool | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="anarchon-workers", daemon=True)
+
+    def start(self) -> WorkerCheck:
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while True:
+            answer = tracking_in_workers(self.app)
+            if answer is not None:
+                self.tracking = answer
+            if answer is False and self._said is not False:
+                log.warning(
+                    "anarchon: a worker answered without execution tracking (anarchon is not"
+                    " installed there, or it was not started with the celery command):"
+                    " slots are sent without tracking until every worker has it"
+                )
+            elif answer and not self._said:
+                log.info("anarchon: every worker tracks execution: slots are handed off to them")
+            if answer is not None:
+                self._said = answer
+            if self._stop.wait(self.every):
+                return
+
+    def stop(self) -> None:
+        self._stop.set()

@@ -1,0 +1,76 @@
+"""The Celery app that the end-to-end tests run in real worker and beat processes.
+
+Configured from the environment: ``E2E_BROKER``, ``E2E_STORE`` (optional: the
+broker serves as the store), ``E2E_NAMESPACE``, ``E2E_LEASE``,
+``E2E_SCHEDULE`` (JSON: entry name -> {"every": seconds} or {"cron": "* * * * *"},
+plus "work": seconds the task works), ``E2E_REPORT`` (the JSON-lines file
+every task appends to).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from datetime import timedelta
+from typing import Any
+
+from celery import Celery
+from celery.schedules import crontab
+
+from anarchon_core.instance import Reporter
+
+app = Celery("anarchon_e2e", broker=os.environ["E2E_BROKER"])
+
+
+def _schedule(spec: dict[str, Any]) -> Any:
+    if "cron" in spec:
+        minute, hour, day, month, weekday = spec["cron"].split()
+        return crontab(minute, hour, weekday, day, month)
+    return timedelta(seconds=spec["every"])
+
+
+app.conf.update(
+    beat_scheduler="anarchon_celery:Scheduler",
+    anarchon_store=os.environ.get("E2E_STORE") or None,
+    anarchon_namespace=os.environ["E2E_NAMESPACE"],
+    anarchon_lease=float(os.environ.get("E2E_LEASE", "3")),
+    beat_schedule={
+        name: {
+            "task": "e2e.work",
+            "schedule": _schedule(spec),
+            "args": (name, spec.get("work", 0.2)),
+        }
+        for name, spec in json.loads(os.environ.get("E2E_SCHEDULE", "{}")).items()
+    },
+    worker_hijack_root_logger=False,
+    broker_connection_retry_on_startup=True,
+    task_ignore_result=True,
+    timezone="UTC",
+    # Tests share the broker: each keeps to a queue of its own.
+    task_default_queue=os.environ["E2E_NAMESPACE"],
+)
+_reporter: Reporter | None = None
+
+
+def report() -> Reporter:
+    global _reporter
+    if _reporter is None:
+        _reporter = Reporter(os.environ["E2E_REPORT"], f"{os.uname().nodename}:{os.getpid()}")
+    return _reporter
+
+
+@app.task(name="e2e.work", bind=True)
+def work(self: Any, entry: str, seconds: float) -> None:
+    info = self.request.get("anarchon") or {}
+    fields = {
+        "job": entry,
+        "slot_id": info.get("slot_id"),
+        "attempt": info.get("attempt"),
+        "task_id": self.request.id,
+        "worker": self.request.hostname,
+        "sent_by": info.get("sent_by"),
+    }
+    report().write("start", **fields)
+    time.sleep(seconds)
+    report().write("end", **fields)
