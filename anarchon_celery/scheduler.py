@@ -29,7 +29,7 @@ from typing import Any
 from celery import Celery
 from celery import beat as celery_beat
 
-from anarchon_core import ConfigurationError, Run
+from anarchon_core import AnarchonError, ConfigurationError, Run
 from anarchon_core import Scheduler as Engine
 from anarchon_core.jobs import parse_duration
 from anarchon_core.urls import redact
@@ -91,7 +91,14 @@ class Scheduler(celery_beat.Scheduler):  # type: ignore[misc]
     # -- beat's interface -------------------------------------------------
 
     def setup_schedule(self) -> None:
-        """Read the settings and ``beat_schedule``; raise one clear error if they are wrong."""
+        """Read the settings and ``beat_schedule``; stop beat with one clear message if wrong."""
+        try:
+            self._setup()
+        except AnarchonError as exc:
+            log.critical("anarchon: beat cannot start: %s", exc)
+            raise SystemExit(1) from None
+
+    def _setup(self) -> None:
         app = self.app
         conf = app.conf
         timezone = str(conf.timezone or "UTC")
@@ -108,14 +115,17 @@ class Scheduler(celery_beat.Scheduler):  # type: ignore[misc]
         )
         try:
             for entry in entries:
-                engine.add_job(
-                    self._dispatcher(entry),
-                    name=entry.name,
-                    every=entry.every,
-                    cron=entry.cron,
-                    timezone=entry.timezone,
-                    **entry.overrides,
-                )
+                try:
+                    engine.add_job(
+                        self._dispatcher(entry),
+                        name=entry.name,
+                        every=entry.every,
+                        cron=entry.cron,
+                        timezone=entry.timezone,
+                        **entry.overrides,
+                    )
+                except ConfigurationError as exc:
+                    raise ConfigurationError(f"beat_schedule[{entry.name!r}]: {exc}") from None
         except Exception:
             engine.stop(timeout=0)
             raise
@@ -158,8 +168,8 @@ class Scheduler(celery_beat.Scheduler):  # type: ignore[misc]
     def info(self) -> str:
         try:
             where = redact(store_url(self.app))
-        except ConfigurationError as exc:
-            return f"anarchon: {exc}"
+        except ConfigurationError:
+            where = "(not configured)"  # setup_schedule says what is wrong, once
         return f"    . anarchon store -> {where} (namespace {namespace_of(self.app)})"
 
     # -- sending a slot ---------------------------------------------------

@@ -218,7 +218,8 @@ class WorkerCheck:
                 log.info("anarchon: every worker tracks execution: slots are handed off to them")
             if answer is not None:
                 self._said = answer
-            if self._stop.wait(self.every):
+            # No answer yet (workers still starting): ask again soon.
+            if self._stop.wait(self.every if answer is not None else 2.0):
                 return
 
     def stop(self) -> None:

@@ -583,6 +583,10 @@ class Scheduler:
                 raise
             if rt.active is not None and rt.active.run is run:
                 rt.active = None
+                if handed_off and not rt.removed:
+                    # Whoever executes it may die too: back it up like anyone else's run.
+                    next_check = self._clock.monotonic() + rt.job.options.watch
+                    rt.watch = _Watch(to_ms(run.slot), run.token, next_check)
                 if rt.removed:
                     with self._lock:
                         self._runtimes.pop(run.job, None)

@@ -43,7 +43,6 @@ app.conf.update(
         }
         for name, spec in json.loads(os.environ.get("E2E_SCHEDULE", "{}")).items()
     },
-    worker_hijack_root_logger=False,
     broker_connection_retry_on_startup=True,
     task_ignore_result=True,
     timezone="UTC",
@@ -70,6 +69,7 @@ def work(self: Any, entry: str, seconds: float) -> None:
         "task_id": self.request.id,
         "worker": self.request.hostname,
         "sent_by": info.get("sent_by"),
+        "info": info,
     }
     report().write("start", **fields)
     time.sleep(seconds)

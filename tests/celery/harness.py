@@ -55,7 +55,8 @@ class CeleryFleet:
             )
 
     def worker(self, name: str, *, beat: bool = True, concurrency: int = 2, **extra: str) -> None:
-        argv = [CELERY, "-A", "tests.celery.e2e_app", "worker", "-n", f"{name}@%h"]
+        # Node names unique across tests that share the broker: "<pod>.<namespace>@host".
+        argv = [CELERY, "-A", "tests.celery.e2e_app", "worker", "-n", f"{name}.{self.namespace}@%h"]
         argv += [
             "-c",
             str(concurrency),
@@ -118,6 +119,41 @@ class CeleryFleet:
             time.sleep(0.1)
         logs = {p.name: p.read_text()[-1500:] for p in self.tmp_path.glob("*.log")}
         raise AssertionError(f"timed out waiting for {what}; logs: {logs}")
+
+    def wait_tracking(self, *names: str, timeout: float = 30) -> None:
+        """Wait until the beats of ``names`` hand slots off to tracking workers."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if all("every worker tracks execution" in self.log(n) for n in names):
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"execution tracking did not come on in {names}")
+
+    @staticmethod
+    def pod_of_worker(worker: str) -> str:
+        """The pod name of a worker node name ("w1.<namespace>@host")."""
+        return worker.split("@", 1)[0].split(".", 1)[0]
+
+    def pod_of(self, instance: str) -> str:
+        """The pod (worker or beat process group) whose beat is ``instance`` (host:pid:beat)."""
+        group = os.getpgid(int(instance.split(":")[1]))
+        return next(name for name, proc in self.procs.items() if proc.pid == group)
+
+    def resend(self, start: Line) -> None:
+        """Publish again the message of a run that started (as a broker redelivery would)."""
+        from celery import Celery
+
+        app = Celery("resend", broker=self.env["E2E_BROKER"])
+        try:
+            app.send_task(
+                "e2e.work",
+                args=(start["job"], 0.2),
+                task_id=start["task_id"],
+                headers={"anarchon": start["info"]},
+                queue=self.namespace,
+            )
+        finally:
+            app.close()
 
     def log(self, name: str) -> str:
         return (self.tmp_path / f"{name}.log").read_text()

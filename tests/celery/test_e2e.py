@@ -1,0 +1,261 @@
+"""End to end: real ``celery worker -B`` and ``celery beat`` processes, real brokers and signals."""
+
+from __future__ import annotations
+
+import math
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.celery.harness import CELERY, CeleryFleet, Line, per_slot, slot_seconds
+
+pytestmark = pytest.mark.scenario
+
+FAST = {"every": 1, "work": 0.2}
+MINUTELY = {"cron": "* * * * *", "work": 0.2}
+
+
+@pytest.fixture
+def celery_redis(redis_url: str) -> str:
+    """The Redis broker: db 11 of the test Redis, queues per test."""
+    return redis_url.rsplit("/", 1)[0] + "/11"
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> Iterator[Callable[..., CeleryFleet]]:
+    made: list[CeleryFleet] = []
+
+    def make(broker: str, schedule: dict[str, Any], **options: Any) -> CeleryFleet:
+        fleet = CeleryFleet(tmp_path, broker, schedule, **options)
+        made.append(fleet)
+        return fleet
+
+    yield make
+    for fleet in made:
+        fleet.stop_all()
+
+
+def assert_each_second_once(starts: list[Line], last: float) -> None:
+    """From the first slot run (the fleet is up) to ``last``: every second once."""
+    first = min(slot_seconds(x["slot_id"]) for x in starts)
+    counts = per_slot([x for x in starts if slot_seconds(x["slot_id"]) <= last])
+    expected = {int(first) + k for k in range(int(last) - int(first) + 1)}
+    assert {int(slot_seconds(s)) for s in counts} == expected, "a slot was missed"
+    assert {s: n for s, n in counts.items() if n > 1} == {}, "a slot ran twice"
+
+
+def wait_past_a_minute_boundary(started: float, at_least: float) -> None:
+    boundary = math.ceil(started / 60) * 60
+    time.sleep(max(started + at_least, boundary + 3) - time.time())
+
+
+@pytest.mark.parametrize("setup", ["redis-broker", "rabbitmq-broker-postgres-store"])
+def test_three_workers_with_beat_run_every_slot_once(
+    fleet: Callable[..., CeleryFleet],
+    setup: str,
+    request: pytest.FixtureRequest,
+) -> None:
+    if setup == "redis-broker":
+        pods = fleet(request.getfixturevalue("celery_redis"), {"fast": FAST, "minutely": MINUTELY})
+    else:
+        amqp = request.getfixturevalue("amqp_url").split("?", 1)[0]
+        store = request.getfixturevalue("postgres_url")
+        pods = fleet(amqp, {"fast": FAST, "minutely": MINUTELY}, store=store)
+    for name in ("w1", "w2", "w3"):
+        pods.worker(name)
+    started = time.time()
+    wait_past_a_minute_boundary(started, 34)
+    pods.stop_all()
+    fast = pods.starts("fast")
+    assert_each_second_once(fast, time.time() - 3)
+    assert len(per_slot(fast)) >= 30
+    assert {x["attempt"] for x in fast} == {1}
+    assert len({x["task_id"] for x in fast}) == len(fast)
+    assert len({x["worker"] for x in fast}) >= 2
+    minutely = per_slot(pods.starts("minutely"))
+    assert len(minutely) >= 1
+    assert set(minutely.values()) == {1}
+    assert all(slot_seconds(s) % 60 == 0 for s in minutely)
+
+
+def test_killing_the_pod_that_sent_the_last_slot_misses_no_slot(
+    fleet: Callable[..., CeleryFleet], celery_redis: str
+) -> None:
+    pods = fleet(celery_redis, {"fast": FAST})
+    for name in ("w1", "w2", "w3"):
+        pods.worker(name)
+    pods.wait_for(lambda ls: pods.starts("fast"), 30, "a first slot")
+    time.sleep(4)
+    pods.kill(pods.pod_of(pods.starts("fast")[-1]["sent_by"]))
+    time.sleep(10)
+    pods.stop_all()
+    fast = pods.starts("fast")
+    assert_each_second_once([x for x in fast if x["attempt"] == 1], time.time() - 3)
+
+
+def test_freezing_the_pod_that_sent_the_last_slot_runs_nothing_twice(
+    fleet: Callable[..., CeleryFleet], celery_redis: str
+) -> None:
+    pods = fleet(celery_redis, {"fast": FAST})
+    for name in ("w1", "w2", "w3"):
+        pods.worker(name)
+    pods.wait_for(lambda ls: pods.starts("fast"), 30, "a first slot")
+    time.sleep(4)
+    frozen = pods.pod_of(pods.starts("fast")[-1]["sent_by"])
+    pods.signal(frozen, signal.SIGSTOP)
+    time.sleep(3 * 2)  # longer than the 3 s lease
+    pods.signal(frozen, signal.SIGCONT)
+    time.sleep(6)
+    pods.stop_all()
+    fast = pods.starts("fast")
+    attempts = per_slot([x for x in fast if x["attempt"] == 1])
+    assert {s: n for s, n in attempts.items() if n > 1} == {}, "a slot was sent twice"
+    # A slot taken over from the frozen pod ran again as attempt 2: never two of one attempt.
+    runs = [(x["slot_id"], x["attempt"]) for x in fast]
+    assert len(runs) == len(set(runs))
+    assert len(per_slot(fast)) >= 12
+
+
+def test_a_worker_killed_mid_task_is_followed_by_attempt_2(
+    fleet: Callable[..., CeleryFleet], celery_redis: str
+) -> None:
+    pods = fleet(celery_redis, {"long": {"every": 60, "work": 12}})
+    for name in ("w1", "w2", "w3"):
+        pods.worker(name, concurrency=1)
+    pods.wait_tracking("w1", "w2", "w3")
+    tracked_since = time.time()
+    first = pods.wait_for(
+        lambda ls: [
+            x for x in ls if x["kind"] == "start" and slot_seconds(x["slot_id"]) > tracked_since
+        ],
+        75,
+        "a tracked run of the long task",
+    )[0]
+    time.sleep(1)
+    killed_at = pods.kill(pods.pod_of_worker(first["worker"]))
+    again = pods.wait_for(
+        lambda ls: [x for x in ls if x["kind"] == "start" and x["attempt"] == 2], 15, "attempt 2"
+    )[0]
+    assert again["slot_id"] == first["slot_id"]
+    assert again["worker"] != first["worker"]
+    assert again["t"] - killed_at <= 3 + 2  # lease + 2 s
+    assert again["task_id"].endswith(":2")
+
+
+def test_a_superseded_attempt_delivered_late_is_skipped(
+    fleet: Callable[..., CeleryFleet], celery_redis: str
+) -> None:
+    pods = fleet(celery_redis, {"long": {"every": 60, "work": 12}})
+    for name in ("w1", "w2"):
+        pods.worker(name, concurrency=2)
+    pods.wait_tracking("w1", "w2")
+    tracked_since = time.time()
+    first = pods.wait_for(
+        lambda ls: [
+            x for x in ls if x["kind"] == "start" and slot_seconds(x["slot_id"]) > tracked_since
+        ],
+        75,
+        "a tracked run of the long task",
+    )[0]
+    time.sleep(1)
+    pods.kill(pods.pod_of_worker(first["worker"]))
+    pods.wait_for(
+        lambda ls: [x for x in ls if x["kind"] == "start" and x["attempt"] == 2], 15, "attempt 2"
+    )
+    # Attempt 1's message comes back (a redelivery, a visibility timeout...).
+    pods.resend(first)
+    deadline = time.monotonic() + 20
+    while "skipping" not in pods.log("w1") + pods.log("w2") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert "a later attempt of this slot was sent" in pods.log("w1") + pods.log("w2")
+    time.sleep(1)
+    runs = [x for x in pods.starts() if x["slot_id"] == first["slot_id"]]
+    assert [x["attempt"] for x in runs] == [1, 2]
+
+
+def test_all_workers_down_across_a_crontab_slot_then_caught_up_once(
+    fleet: Callable[..., CeleryFleet], celery_redis: str
+) -> None:
+    pods = fleet(celery_redis, {"minutely": MINUTELY})
+    # Start so that the first minute boundary is 20-50 s away.
+    now = time.time()
+    if 60 - now % 60 < 20:
+        time.sleep(60 - now % 60 + 1)
+    for name in ("w1", "w2", "w3"):
+        pods.worker(name)
+    first = pods.wait_for(lambda ls: pods.starts("minutely"), 70, "the first minute slot")[0]
+    for name in ("w1", "w2", "w3"):
+        pods.stop(name)
+    missed = slot_seconds(first["slot_id"]) + 60
+    time.sleep(max(0.0, missed + 5 - time.time()))
+    assert [x for x in pods.starts("minutely") if slot_seconds(x["slot_id"]) == missed] == []
+    for name in ("w4", "w5", "w6"):
+        pods.worker(name)
+    pods.wait_for(
+        lambda ls: [x for x in pods.starts("minutely") if slot_seconds(x["slot_id"]) == missed],
+        30,
+        "the catch-up",
+    )
+    time.sleep(3)
+    runs = [x for x in pods.starts("minutely") if slot_seconds(x["slot_id"]) == missed]
+    assert len(runs) == 1
+
+
+def test_two_standalone_beats_next_to_plain_workers(
+    fleet: Callable[..., CeleryFleet], celery_redis: str
+) -> None:
+    pods = fleet(celery_redis, {"fast": FAST})
+    pods.worker("w1", beat=False)
+    pods.worker("w2", beat=False)
+    pods.beat("b1")
+    pods.beat("b2")
+    time.sleep(16)
+    pods.stop_all()
+    fast = pods.starts("fast")
+    assert_each_second_once(fast, time.time() - 2)
+    assert len({x["sent_by"] for x in fast}) == 2  # both beats sent some
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"E2E_BROKER": "memory://"}, "anarchon_store is not set and the broker"),
+        ({"E2E_STORE": "bogus://x"}, "unsupported store URL"),
+        ({"E2E_SCHEDULE": '{"bad": {"every": 0.5}}'}, "under 1 second"),
+    ],
+)
+def test_misconfiguration_stops_beat_with_one_clear_message(
+    tmp_path: Path, celery_redis: str, env: dict[str, str], message: str
+) -> None:
+    pods = CeleryFleet(tmp_path, celery_redis, {"fast": FAST})
+    done = subprocess.run(
+        [CELERY, "-A", "tests.celery.e2e_app", "beat", "--scheduler", "anarchon_celery:Scheduler"],
+        env={**pods.env, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode != 0
+    assert output.count(message) == 1, output
+
+
+def test_celery_anarchon_status(tmp_path: Path, celery_redis: str) -> None:
+    pods = CeleryFleet(tmp_path, celery_redis, {"fast": FAST})
+    done = subprocess.run(
+        [CELERY, "-A", "tests.celery.e2e_app", "anarchon", "status"],
+        env=pods.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert f"namespace {pods.namespace}" in done.stdout
+    assert datetime.now(timezone.utc).year > 2000
