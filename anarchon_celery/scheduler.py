@@ -26,7 +26,7 @@ import os
 import socket
 from typing import Any
 
-from celery import Celery
+from celery import Celery, signals
 from celery import beat as celery_beat
 
 from anarchon_core import AnarchonError, ConfigurationError, Run
@@ -71,6 +71,15 @@ def store_url(app: Celery) -> str:
     )
 
 
+_embedded = False
+
+
+@signals.beat_embedded_init.connect  # type: ignore[untyped-decorator]
+def _on_embedded(**_: Any) -> None:
+    global _embedded
+    _embedded = True
+
+
 def namespace_of(app: Celery) -> str:
     return str(app.conf.get("anarchon_namespace") or app.main or "celery")
 
@@ -99,6 +108,7 @@ class Scheduler(celery_beat.Scheduler):  # type: ignore[misc]
             raise SystemExit(1) from None
 
     def _setup(self) -> None:
+        self._parent = os.getppid()
         app = self.app
         conf = app.conf
         timezone = str(conf.timezone or "UTC")
@@ -145,6 +155,10 @@ class Scheduler(celery_beat.Scheduler):  # type: ignore[misc]
         """Claim and send whatever is due; return the seconds beat may sleep."""
         if self.engine is None:
             return float(self.max_interval)
+        if _embedded and os.getppid() != self._parent:
+            # The worker that started this beat (-B) is gone: a beat must not outlive its pod.
+            log.warning("anarchon: the worker of this embedded beat is gone; stopping beat")
+            raise SystemExit(0)
         try:
             delay = self.engine.run_pending()
         except Exception:  # beat must keep ticking; the engine logs store trouble itself

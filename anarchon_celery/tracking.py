@@ -40,6 +40,8 @@ HEADER = "anarchon"
 FLAG = "anarchon_worker_tracking"
 _stores: dict[tuple[str, str], Store] = {}
 _lock = threading.Lock()
+#: Leases held by tasks running in this process, handed over if it shuts down.
+_running: set[_Lease] = set()
 
 
 def task_id(namespace: str, slot_id: str, attempt: int) -> str:
@@ -77,6 +79,7 @@ class _Lease:
         self._thread = threading.Thread(target=self._beat, name=f"anarchon:{self.slot_id}")
         self._thread.daemon = True
         self._thread.start()
+        _running.add(self)
         return True
 
     def _beat(self) -> None:
@@ -90,6 +93,7 @@ class _Lease:
 
     def end(self, outcome: RunState | None) -> None:
         """Stop renewing; finish the slot (``None``: keep it for a retry)."""
+        _running.discard(self)
         self._stop.set()
         if self._thread is not None:
             self._thread.join(5)
@@ -100,6 +104,23 @@ class _Lease:
                 log.warning("anarchon: %s finished after losing its lease", self.slot_id)
         except AnarchonError as exc:
             log.warning("anarchon: could not finish %s: %s", self.slot_id, exc)
+
+    def hand_over(self) -> None:
+        """Release the lease at once (the process is going down mid-task)."""
+        _running.discard(self)
+        self._stop.set()
+        try:
+            if self.store.release(self.job, self.token):
+                log.warning("anarchon: %s handed over: the worker stopped mid-task", self.slot_id)
+        except AnarchonError as exc:
+            log.warning("anarchon: could not hand %s over: %s", self.slot_id, exc)
+
+
+@signals.worker_process_shutdown.connect  # type: ignore[untyped-decorator]
+def _on_process_shutdown(**_: Any) -> None:
+    """A cold shutdown ends tasks mid-run: hand their slots over to a backup at once."""
+    for lease in list(_running):
+        lease.hand_over()
 
 
 def _tracked(task: Task) -> dict[str, Any] | None:
@@ -142,8 +163,13 @@ def _call(self: Task, *args: Any, **kwargs: Any) -> Any:
     except Ignore:
         lease.end(RunState.DONE)
         raise
-    except BaseException:
+    except Exception:
         lease.end(RunState.FAILED)
+        raise
+    except BaseException:
+        # Interrupted, not failed (a cold shutdown terminates the body): let a
+        # backup run the slot again at once.
+        lease.hand_over()
         raise
     lease.end(RunState.DONE)
     return result

@@ -37,7 +37,7 @@ app.conf.update(
     anarchon_lease=float(os.environ.get("E2E_LEASE", "3")),
     beat_schedule={
         name: {
-            "task": "e2e.work",
+            "task": spec.get("task", "e2e.work"),
             "schedule": _schedule(spec),
             "args": (name, spec.get("work", 0.2)),
         }
@@ -59,18 +59,32 @@ def report() -> Reporter:
     return _reporter
 
 
-@app.task(name="e2e.work", bind=True)
-def work(self: Any, entry: str, seconds: float) -> None:
-    info = self.request.get("anarchon") or {}
+def _work(task: Any, entry: str, seconds: float) -> None:
+    """Report a start, work ``seconds``, report an end: what every test task does."""
+    info = task.request.get("anarchon") or {}
     fields = {
         "job": entry,
         "slot_id": info.get("slot_id"),
         "attempt": info.get("attempt"),
-        "task_id": self.request.id,
-        "worker": self.request.hostname,
+        "task_id": task.request.id,
+        "worker": task.request.hostname,
         "sent_by": info.get("sent_by"),
+        "retries": task.request.retries,
         "info": info,
     }
     report().write("start", **fields)
     time.sleep(seconds)
     report().write("end", **fields)
+
+
+@app.task(name="e2e.work", bind=True)
+def work(self: Any, entry: str, seconds: float) -> None:
+    _work(self, entry, seconds)
+
+
+@app.task(name="e2e.flaky", bind=True, max_retries=1)
+def flaky(self: Any, entry: str, seconds: float) -> None:
+    """Works, then asks for one retry (a second later), then works again and succeeds."""
+    _work(self, entry, seconds)
+    if self.request.retries == 0:
+        raise self.retry(countdown=1)

@@ -125,7 +125,7 @@ def test_freezing_the_pod_that_sent_the_last_slot_runs_nothing_twice(
 def test_a_worker_killed_mid_task_is_followed_by_attempt_2(
     fleet: Callable[..., CeleryFleet], celery_redis: str
 ) -> None:
-    pods = fleet(celery_redis, {"long": {"every": 60, "work": 12}})
+    pods = fleet(celery_redis, {"long": {"every": 20, "work": 12}})
     for name in ("w1", "w2", "w3"):
         pods.worker(name, concurrency=1)
     pods.wait_tracking("w1", "w2", "w3")
@@ -151,7 +151,7 @@ def test_a_worker_killed_mid_task_is_followed_by_attempt_2(
 def test_a_superseded_attempt_delivered_late_is_skipped(
     fleet: Callable[..., CeleryFleet], celery_redis: str
 ) -> None:
-    pods = fleet(celery_redis, {"long": {"every": 60, "work": 12}})
+    pods = fleet(celery_redis, {"long": {"every": 20, "work": 12}})
     for name in ("w1", "w2"):
         pods.worker(name, concurrency=2)
     pods.wait_tracking("w1", "w2")
@@ -259,3 +259,54 @@ def test_celery_anarchon_status(tmp_path: Path, celery_redis: str) -> None:
     )
     assert f"namespace {pods.namespace}" in done.stdout
     assert datetime.now(timezone.utc).year > 2000
+
+
+def test_a_cold_shutdown_hands_the_running_slot_over_at_once(
+    fleet: Callable[..., CeleryFleet], celery_redis: str
+) -> None:
+    pods = fleet(celery_redis, {"long": {"every": 30, "work": 20}}, lease=10)
+    for name in ("w1", "w2"):
+        pods.worker(name, concurrency=1)
+    pods.wait_tracking("w1", "w2")
+    tracked_since = time.time()
+    first = pods.wait_for(
+        lambda ls: [
+            x for x in ls if x["kind"] == "start" and slot_seconds(x["slot_id"]) > tracked_since
+        ],
+        75,
+        "a tracked run of the long task",
+    )[0]
+    time.sleep(1)
+    victim = pods.pod_of_worker(first["worker"])
+    stopped_at = time.time()
+    pods.procs[victim].send_signal(signal.SIGQUIT)  # cold shutdown of that worker
+    again = pods.wait_for(
+        lambda ls: [x for x in ls if x["kind"] == "start" and x["attempt"] == 2], 20, "attempt 2"
+    )[0]
+    assert again["slot_id"] == first["slot_id"]
+    assert again["t"] - stopped_at < 5  # far less than the 10 s lease: handed over, not lapsed
+
+
+def test_a_celery_retry_keeps_the_slot_without_a_second_run(
+    fleet: Callable[..., CeleryFleet], celery_redis: str
+) -> None:
+    pods = fleet(celery_redis, {"retrying": {"every": 20, "work": 1, "task": "e2e.flaky"}})
+    for name in ("w1", "w2"):
+        pods.worker(name)
+    pods.wait_tracking("w1", "w2")
+    tracked_since = time.time()
+    pods.wait_for(
+        lambda ls: [
+            x
+            for x in ls
+            if x["kind"] == "end"
+            and x["retries"] == 1
+            and slot_seconds(x["slot_id"]) > tracked_since
+        ],
+        80,
+        "the retried run to end",
+    )
+    time.sleep(5)  # longer than the lease: nothing is taken over
+    runs = [x for x in pods.starts() if slot_seconds(x["slot_id"]) > tracked_since]
+    assert [(x["attempt"], x["retries"]) for x in runs] == [(1, 0), (1, 1)]
+    assert runs[1]["t"] >= next(x for x in pods.lines() if x["kind"] == "end")["t"]
