@@ -55,6 +55,7 @@ def wait_past_a_minute_boundary(started: float, at_least: float) -> None:
     time.sleep(max(started + at_least, boundary + 3) - time.time())
 
 
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("setup", ["redis-broker", "rabbitmq-broker-postgres-store"])
 def test_three_workers_with_beat_run_every_slot_once(
     fleet: Callable[..., CeleryFleet],
@@ -179,6 +180,7 @@ def test_a_superseded_attempt_delivered_late_is_skipped(
     assert [x["attempt"] for x in runs] == [1, 2]
 
 
+@pytest.mark.timeout(300)
 def test_all_workers_down_across_a_crontab_slot_then_caught_up_once(
     fleet: Callable[..., CeleryFleet], celery_redis: str
 ) -> None:
