@@ -1,0 +1,96 @@
+"""The Celery scheduler's translation of settings and entries, in process."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from celery import Celery
+from celery.schedules import crontab, schedule, solar
+
+from anarchon_celery import Scheduler
+from anarchon_celery.scheduler import namespace_of, store_url
+from anarchon_celery.schedules import read_entry
+from anarchon_celery.tracking import task_id
+from anarchon_core import ConfigurationError
+
+
+def make_app(**conf: object) -> Celery:
+    app = Celery("billing", broker=str(conf.pop("broker_url", "redis://cache:6379/0")))
+    app.conf.update(conf)
+    return app
+
+
+def test_the_store_defaults_to_the_broker_when_it_can_serve() -> None:
+    assert store_url(make_app()) == "redis://cache:6379/0"
+    assert store_url(make_app(broker_url="pyamqp://u:p@mq//")) == "amqp://u:p@mq//"
+    assert store_url(make_app(anarchon_store="postgresql://db/x")) == "postgresql://db/x"
+    with pytest.raises(ConfigurationError, match="anarchon_store is not set") as info:
+        store_url(make_app(broker_url="sqs://key:secret@"))
+    assert "secret" not in str(info.value)
+
+
+def test_the_namespace_defaults_to_the_app_name() -> None:
+    assert namespace_of(make_app()) == "billing"
+    assert namespace_of(make_app(anarchon_namespace="other")) == "other"
+
+
+def test_lazy_construction_neither_connects_nor_claims() -> None:
+    # Nothing listens on port 1: a connection attempt would fail.
+    app = make_app(anarchon_store="redis://127.0.0.1:1/0", beat_schedule={})
+    scheduler = Scheduler(app, lazy=True)
+    assert scheduler.engine is None
+    assert "redis://127.0.0.1:1/0" in scheduler.info
+    assert scheduler.tick() == scheduler.max_interval
+    scheduler.close()
+
+
+@pytest.mark.parametrize(
+    ("value", "every", "cron"),
+    [
+        (10, 10.0, None),
+        (timedelta(minutes=5), 300.0, None),
+        (schedule(timedelta(seconds=30)), 30.0, None),
+        (crontab(minute="*/15"), None, "*/15 * * * *"),
+        (crontab(minute=0, hour="8", day_of_week="mon-fri"), None, "0 8 * * mon-fri"),
+    ],
+)
+def test_stock_schedules_map_to_grids_and_cron(value: object, every: float, cron: str) -> None:
+    entry = read_entry("e", {"task": "t", "schedule": value}, "Europe/Athens")
+    assert (entry.every, entry.cron) == (every, cron)
+    assert entry.timezone == ("Europe/Athens" if cron else None)
+
+
+def test_overrides_are_read_and_removed_from_the_options() -> None:
+    raw = {
+        "task": "t",
+        "schedule": 10,
+        "args": (1,),
+        "kwargs": {"a": 2},
+        "options": {"queue": "q", "anarchon_lease": 30, "anarchon_catch_up": "1h"},
+    }
+    entry = read_entry("e", raw, "UTC")
+    assert entry.options == {"queue": "q"}
+    assert entry.overrides == {"lease": 30, "catch_up": "1h"}
+    assert (entry.args, entry.kwargs) == ((1,), {"a": 2})
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"schedule": 10}, "'task' must name a task"),
+        ({"task": "t"}, "'schedule' is missing"),
+        # (built without its ephem dependency: only its type matters here)
+        ({"task": "t", "schedule": solar.__new__(solar)}, "solar schedules are not supported"),
+        ({"task": "t", "schedule": 10, "options": {"anarchon_leese": 3}}, "anarchon_leese"),
+        ({"task": "t", "schedule": "often"}, "unsupported schedule"),
+    ],
+)
+def test_invalid_entries_are_named(raw: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message) as info:
+        read_entry("nightly", raw, "UTC")
+    assert "beat_schedule['nightly']" in str(info.value)
+
+
+def test_task_ids_name_the_slot_and_attempt() -> None:
+    assert task_id("billing", "sync@1700000000000", 2) == "anarchon:billing:sync@1700000000000:2"
