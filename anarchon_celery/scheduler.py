@@ -136,6 +136,13 @@ class Scheduler(celery_beat.Scheduler):  # type: ignore[misc]
                     )
                 except ConfigurationError as exc:
                     raise ConfigurationError(f"beat_schedule[{entry.name!r}]: {exc}") from None
+                lease = engine.jobs[entry.name].options.lease
+                if self.pickup <= lease + 1:
+                    # Backups tell a queued task from a running one by the lease length.
+                    raise ConfigurationError(
+                        f"beat_schedule[{entry.name!r}]: anarchon_pickup={self.pickup:g} must"
+                        f" exceed the lease ({lease:g}s) by more than a second"
+                    )
         except Exception:
             engine.stop(timeout=0)
             raise

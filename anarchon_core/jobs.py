@@ -218,10 +218,15 @@ class Run:
         """Extend the lease to ``lease`` seconds now, and leave the slot running.
 
         For handlers that only dispatch the work to someone else (a Celery or
-        Dramatiq worker): call it before dispatching. When the handler returns,
-        the engine neither finishes nor renews the run: whoever executes the
-        work renews and finishes it with :attr:`token`; if nobody does, the
-        lease lapses and a backup takes the slot over as the next attempt.
+        Dramatiq worker): call it before dispatching, with ``lease`` longer
+        than the job's own lease by more than a second (the time the work may
+        wait to be picked up). When the handler returns, the engine neither
+        finishes nor renews the run: whoever executes the work renews it with
+        the job's lease and :attr:`token`, then finishes it. Backups tell the
+        two phases apart by the lease length: if the executor stops renewing,
+        a backup takes the slot over as the next attempt; if nobody ever picks
+        the work up (it may run somewhere that cannot renew, or be lost), it
+        is not sent again, and the job's next slot supersedes it.
         Raises :class:`LeaseLost` if the lease is no longer this run's.
         """
         if lease <= 0:

@@ -87,11 +87,34 @@ class _Active:
 
 @dataclass
 class _Watch:
-    """A slot this instance backs up."""
+    """A slot this instance backs up, and what it has seen of its lease."""
 
     slot_ms: int
     token: int
     next_check: float
+    #: The furthest lease end seen for this token, on this instance's monotonic clock.
+    furthest: float = 0.0
+    #: A lease longer than the job's own was seen: the run was handed off (Run.hand_off).
+    handed_off: bool = False
+    #: The lease end then moved earlier: an executor took the run and renews it.
+    picked_up: bool = False
+
+    def observe(self, record: JobState, now_mono: float, lease: float) -> None:
+        if record.token != self.token:
+            self.token, self.furthest, self.handed_off, self.picked_up = (
+                record.token,
+                0,
+                False,
+                False,
+            )
+        if record.state is not RunState.RUNNING:
+            return
+        end = now_mono + record.lease_remaining
+        if record.lease_remaining > lease + 1.0:
+            self.handed_off = True
+        if self.furthest and end < self.furthest - 1.0:
+            self.picked_up = True
+        self.furthest = max(self.furthest, end)
 
 
 class _Runtime:
@@ -492,7 +515,9 @@ class Scheduler:
         held = rt.active is not None and rt.active.run.token == holder.token
         if held or holder.state in (RunState.DONE, RunState.FAILED):
             return
-        rt.watch = _Watch(holder.slot_ms, holder.token, self._clock.monotonic())
+        now_mono = self._clock.monotonic()
+        rt.watch = _Watch(holder.slot_ms, holder.token, now_mono)
+        rt.watch.observe(holder, now_mono, rt.job.options.lease)
         if not holder.lapsed:
             rt.watch.next_check += rt.job.options.watch
 
@@ -511,11 +536,20 @@ class Scheduler:
                 or record.state in (RunState.DONE, RunState.FAILED)
             ):
                 rt.watch = None
-            elif record.lapsed:
-                self._take_over(rt, record)
             else:
-                watch.token = record.token
-                watch.next_check = now_mono + rt.job.options.watch
+                watch.observe(record, now_mono, rt.job.options.lease)
+                if not record.lapsed:
+                    watch.next_check = now_mono + rt.job.options.watch
+                elif watch.handed_off and not watch.picked_up and record.state is RunState.RUNNING:
+                    # Handed off but never picked up: the work may be running somewhere
+                    # that cannot renew (or was lost). Sending it again could run it twice;
+                    # the job's next slot supersedes it instead.
+                    rt.watch = None
+                    sid = slot_id(rt.job.name, from_ms(record.slot_ms))
+                    detail = "handed off but never picked up; not sent again"
+                    self._emit("missed", rt.job.name, sid, record.attempt, detail)
+                else:
+                    self._take_over(rt, record)
 
     def _take_over(self, rt: _Runtime, record: JobState) -> None:
         job = rt.job
@@ -585,8 +619,15 @@ class Scheduler:
                 rt.active = None
                 if handed_off and not rt.removed:
                     # Whoever executes it may die too: back it up like anyone else's run.
-                    next_check = self._clock.monotonic() + rt.job.options.watch
-                    rt.watch = _Watch(to_ms(run.slot), run.token, next_check)
+                    now_mono = self._clock.monotonic()
+                    assert run._hand_off is not None
+                    rt.watch = _Watch(
+                        to_ms(run.slot),
+                        run.token,
+                        now_mono + rt.job.options.watch,
+                        furthest=now_mono + run._hand_off,
+                        handed_off=run._hand_off > rt.job.options.lease + 1.0,
+                    )
                 if rt.removed:
                     with self._lock:
                         self._runtimes.pop(run.job, None)

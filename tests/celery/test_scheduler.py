@@ -94,3 +94,14 @@ def test_invalid_entries_are_named(raw: dict[str, object], message: str) -> None
 
 def test_task_ids_name_the_slot_and_attempt() -> None:
     assert task_id("billing", "sync@1700000000000", 2) == "anarchon:billing:sync@1700000000000:2"
+
+
+def test_the_pickup_lease_must_exceed_the_lease(caplog: pytest.LogCaptureFixture) -> None:
+    app = make_app(
+        anarchon_store="memory://",
+        anarchon_pickup=10,
+        beat_schedule={"e": {"task": "t", "schedule": 60, "options": {"anarchon_lease": 30}}},
+    )
+    with pytest.raises(SystemExit):
+        Scheduler(app)
+    assert "anarchon_pickup=10 must exceed the lease (30s)" in caplog.text
