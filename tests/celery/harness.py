@@ -70,6 +70,15 @@ class CeleryFleet:
             argv += ["-s", str(self.tmp_path / f"{name}-beat-schedule")]
         self._spawn(name, argv)
 
+    def worker_without_anarchon(self, name: str) -> None:
+        """A worker started in code, not by the ``celery`` command: no anarchon hooks."""
+        code = (
+            "from tests.celery.e2e_app import app; "
+            f"app.Worker(hostname='{name}.{self.namespace}@%h', concurrency=1, pool='solo',"
+            " without_gossip=True, without_mingle=True, loglevel='INFO').start()"
+        )
+        self._spawn(name, [sys.executable, "-c", code])
+
     def beat(self, name: str) -> None:
         argv = [CELERY, "-A", "tests.celery.e2e_app", "beat", "--scheduler"]
         argv += ["anarchon_celery:Scheduler", "--loglevel", "INFO"]

@@ -312,3 +312,22 @@ def test_a_celery_retry_keeps_the_slot_without_a_second_run(
     runs = [x for x in pods.starts() if slot_seconds(x["slot_id"]) > tracked_since]
     assert [(x["attempt"], x["retries"]) for x in runs] == [(1, 0), (1, 1)]
     assert runs[1]["t"] >= next(x for x in pods.lines() if x["kind"] == "end")["t"]
+
+
+def test_a_worker_without_the_hooks_makes_beat_fall_back_with_a_warning(
+    fleet: Callable[..., CeleryFleet], celery_redis: str
+) -> None:
+    pods = fleet(celery_redis, {"fast": FAST})
+    pods.worker("w1")
+    pods.worker_without_anarchon("plain")
+    deadline = time.monotonic() + 30
+    while "without execution tracking" not in pods.log("w1") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert "without execution tracking" in pods.log("w1")
+    since = time.time() + 1
+    time.sleep(12)
+    pods.stop_all()
+    fast = [x for x in pods.starts("fast") if slot_seconds(x["slot_id"]) > since]
+    assert_each_second_once(fast, time.time() - 2)
+    assert {x["info"]["tracked"] for x in fast} == {False}
+    assert any(x["worker"].startswith("plain.") for x in fast)
