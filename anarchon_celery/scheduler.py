@@ -14,7 +14,7 @@ the broker is Redis/Valkey or RabbitMQ):
 ``anarchon_lease``      seconds a claim holds without renewal (default 10)
 ``anarchon_jitter``     bound of the random delay before claiming (default 1)
 ``anarchon_catch_up``   how late a slot may still be sent (default: one interval, at most 1 h)
-``anarchon_tracking``   whether workers track execution (default True, see worker.py)
+``anarchon_tracking``   whether workers track execution (default True, see tracking.py)
 ``anarchon_pickup``     how long a sent task may wait in the queue before a backup
                         sends it again as the next attempt (default 300 s)
 """

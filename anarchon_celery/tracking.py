@@ -3,9 +3,10 @@
 Beat sends each slot's task with a header (:data:`HEADER`) naming the slot,
 the attempt and its fencing token, then hands the slot's lease off to whoever
 executes it (:meth:`anarchon_core.Run.hand_off`). In the worker, a wrapper
-around ``Task.__call__`` (installed when this module is imported, which the
-``celery`` command does for every worker through the ``celery anarchon``
-subcommand's entry point, before the app loads and before the pool forks):
+around ``Task.__call__`` is installed at ``worker_init`` (this module is
+imported by the ``celery`` command in every process it starts, through the
+``celery anarchon`` subcommand's entry point, before the app loads and before
+the pool forks):
 
 - renews the lease with the token before the task body runs; a stale token
   (another attempt of this slot was sent since) skips the body: the task is
@@ -30,7 +31,8 @@ from celery import Celery, signals
 from celery.app.task import Task
 from celery.exceptions import Ignore, Retry
 
-from anarchon_core import AnarchonError, RunState, Store, open_store
+from anarchon_core import AnarchonError, RunState
+from anarchon_core.executor import ExecutionLease, hand_over_all, store_for
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +40,6 @@ log = logging.getLogger(__name__)
 HEADER = "anarchon"
 #: Set in a worker's configuration when the wrapper is installed.
 FLAG = "anarchon_worker_tracking"
-_stores: dict[tuple[str, str], Store] = {}
-_lock = threading.Lock()
-#: Leases held by tasks running in this process, handed over if it shuts down.
-_running: set[_Lease] = set()
 
 
 def task_id(namespace: str, slot_id: str, attempt: int) -> str:
@@ -49,78 +47,16 @@ def task_id(namespace: str, slot_id: str, attempt: int) -> str:
     return f"anarchon:{namespace}:{slot_id}:{attempt}"
 
 
-def _store(app: Celery, namespace: str) -> Store:
+def _lease(task: Task, info: dict[str, Any]) -> ExecutionLease:
     from .scheduler import store_url
 
-    key = (store_url(app), namespace)
-    with _lock:
-        if key not in _stores:
-            _stores[key] = open_store(key[0], namespace=namespace)
-        return _stores[key]
-
-
-class _Lease:
-    """The lease of one tracked task, renewed in a thread while the body runs."""
-
-    def __init__(self, task: Task, info: dict[str, Any]) -> None:
-        self.job = str(info["job"])
-        self.slot_id = str(info["slot_id"])
-        self.token = int(info["token"])
-        self.lease = float(info["lease"])
-        self.pickup = float(info.get("pickup", self.lease))
-        self.store = _store(task.app, str(info["namespace"]))
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def begin(self) -> bool:
-        """Take the lease for execution; False if this attempt is stale."""
-        if not self.store.renew(self.job, self.token, self.lease):
-            return False
-        self._thread = threading.Thread(target=self._beat, name=f"anarchon:{self.slot_id}")
-        self._thread.daemon = True
-        self._thread.start()
-        _running.add(self)
-        return True
-
-    def _beat(self) -> None:
-        while not self._stop.wait(self.lease / 3):
-            try:
-                if not self.store.renew(self.job, self.token, self.lease):
-                    log.warning("anarchon: %s lost its lease while running", self.slot_id)
-                    return
-            except AnarchonError as exc:
-                log.warning("anarchon: could not renew %s: %s", self.slot_id, exc)
-
-    def end(self, outcome: RunState | None) -> None:
-        """Stop renewing; finish the slot (``None``: keep it for a retry)."""
-        _running.discard(self)
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(5)
-        try:
-            if outcome is None:
-                self.store.renew(self.job, self.token, self.pickup)
-            elif not self.store.finish(self.job, self.token, outcome):
-                log.warning("anarchon: %s finished after losing its lease", self.slot_id)
-        except AnarchonError as exc:
-            log.warning("anarchon: could not finish %s: %s", self.slot_id, exc)
-
-    def hand_over(self) -> None:
-        """Release the lease at once (the process is going down mid-task)."""
-        _running.discard(self)
-        self._stop.set()
-        try:
-            if self.store.release(self.job, self.token):
-                log.warning("anarchon: %s handed over: the worker stopped mid-task", self.slot_id)
-        except AnarchonError as exc:
-            log.warning("anarchon: could not hand %s over: %s", self.slot_id, exc)
+    return ExecutionLease(store_for(store_url(task.app), str(info["namespace"])), info)
 
 
 @signals.worker_process_shutdown.connect  # type: ignore[untyped-decorator]
 def _on_process_shutdown(**_: Any) -> None:
     """A cold shutdown ends tasks mid-run: hand their slots over to a backup at once."""
-    for lease in list(_running):
-        lease.hand_over()
+    hand_over_all()
 
 
 def _tracked(task: Task) -> dict[str, Any] | None:
@@ -139,11 +75,11 @@ def _call(self: Task, *args: Any, **kwargs: Any) -> Any:
     if info is None:
         return _original_call(self, *args, **kwargs)
     try:
-        lease = _Lease(self, info)
+        lease = _lease(self, info)
         current = lease.begin()
     except AnarchonError as exc:
-        # Unverifiable: never run what may have been sent again; the lease
-        # lapses and a backup sends the slot once the store answers.
+        # Unverifiable: never run what may have been sent again. Left
+        # unpicked, the slot is not sent again; the job's next slot supersedes it.
         log.warning("anarchon: skipping %s, the store is unavailable: %s", info["slot_id"], exc)
         raise Ignore(str(exc)) from exc
     if not current:
@@ -197,7 +133,7 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
         app.conf[FLAG] = True
 
 
-def tracking_in_workers(app: Celery, timeout: float = 1.0) -> bool | None:
+def tracking_in_workers(app: Celery, timeout: float = 2.0) -> bool | None:
     """Whether every worker that answers has the wrapper; None if no worker answered."""
     try:
         replies = app.control.inspect(timeout=timeout).conf() or {}

@@ -129,7 +129,7 @@ class CeleryFleet:
         logs = {p.name: p.read_text()[-1500:] for p in self.tmp_path.glob("*.log")}
         raise AssertionError(f"timed out waiting for {what}; logs: {logs}")
 
-    def wait_tracking(self, *names: str, timeout: float = 30) -> None:
+    def wait_tracking(self, *names: str, timeout: float = 60) -> None:
         """Wait until the beats of ``names`` hand slots off to tracking workers."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

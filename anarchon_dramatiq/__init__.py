@@ -1,0 +1,10 @@
+"""anarchon for Dramatiq: periodic actors that run once per slot across every worker.
+
+``broker.add_middleware(anarchon_dramatiq.Anarchon())``, then
+``@dramatiq.actor(schedule="*/5 * * * *")`` or ``schedule=every(10)``.
+See ``docs/dramatiq.md``.
+"""
+
+from .middleware import Anarchon, Interval, ScheduleError, every
+
+__all__ = ["Anarchon", "Interval", "ScheduleError", "every"]

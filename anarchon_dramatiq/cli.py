@@ -1,0 +1,59 @@
+"""``dramatiq-anarchon BROKER [MODULES...]``: the scheduler alone, safe to run in every pod.
+
+Imports the broker like the ``dramatiq`` command does (``package.module`` with
+a ``broker`` attribute, or ``package.module:name``) and the modules declaring
+actors, then runs the engine of the broker's :class:`~anarchon_dramatiq.Anarchon`
+middleware until SIGTERM or SIGINT, when it hands its slots over. Every copy
+takes part in the same claims, so running one per pod sends each slot once.
+Workers next to it should use ``Anarchon(scheduler=False)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import socket
+import sys
+
+from dramatiq.cli import import_broker
+
+from anarchon_core import AnarchonError
+from anarchon_core.urls import redact
+
+from .middleware import Anarchon
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="dramatiq-anarchon", description=__doc__.splitlines()[0])
+    parser.add_argument("broker", help="the broker: package.module or package.module:name")
+    parser.add_argument("modules", nargs="*", help="modules declaring actors")
+    parser.add_argument("--verbose", "-v", action="count", default=0)
+    args = parser.parse_args(argv)
+    level = logging.DEBUG if args.verbose > 1 else logging.INFO if args.verbose else logging.WARNING
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    sys.path.insert(0, os.getcwd())
+    try:
+        _, broker = import_broker(args.broker)  # type: ignore[no-untyped-call]
+        for module in args.modules:
+            importlib.import_module(module)
+        middleware = next((m for m in broker.middleware if isinstance(m, Anarchon)), None)
+        if middleware is None:
+            parser.error(f"{args.broker}: the broker has no anarchon_dramatiq.Anarchon middleware")
+        if not middleware.periodic:
+            parser.error("no periodic actor declared: name the modules declaring them")
+        engine = middleware.build_engine(broker, f"{socket.gethostname()}:{os.getpid()}:dqa")
+    except AnarchonError as exc:
+        parser.exit(2, f"dramatiq-anarchon: {exc}\n")
+    logging.getLogger(__name__).info(
+        "anarchon: %d periodic actors, store %s, namespace %s",
+        len(middleware.periodic),
+        redact(middleware.store_url(broker)),
+        engine.namespace,
+    )
+    engine.run_forever()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,224 @@
+"""End to end: real ``dramatiq`` and ``dramatiq-anarchon`` processes, Redis broker, signals."""
+
+from __future__ import annotations
+
+import math
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from tests.dramatiq.harness import DramatiqFleet, Line, per_slot, slot_seconds
+
+pytestmark = pytest.mark.scenario
+
+FAST = {"every": 1, "work": 0.2}
+MINUTELY = {"cron": "* * * * *", "work": 0.2}
+
+
+@pytest.fixture
+def dramatiq_redis(redis_url: str) -> str:
+    """The Redis broker: db 10 of the test Redis, a queue and namespace per test."""
+    return redis_url.rsplit("/", 1)[0] + "/10"
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> Iterator[Callable[..., DramatiqFleet]]:
+    made: list[DramatiqFleet] = []
+
+    def make(broker: str, schedule: dict[str, Any], **options: Any) -> DramatiqFleet:
+        fleet = DramatiqFleet(tmp_path, broker, schedule, **options)
+        made.append(fleet)
+        return fleet
+
+    yield make
+    for fleet in made:
+        fleet.stop_all()
+
+
+def assert_each_second_once(starts: list[Line], last: float) -> None:
+    """From the first slot run (the fleet is up) to ``last``: every second once."""
+    first = min(slot_seconds(x["slot_id"]) for x in starts)
+    counts = per_slot([x for x in starts if slot_seconds(x["slot_id"]) <= last])
+    expected = {int(first) + k for k in range(int(last) - int(first) + 1)}
+    assert {int(slot_seconds(s)) for s in counts} == expected, "a slot was missed"
+    assert {s: n for s, n in counts.items() if n > 1} == {}, "a slot ran twice"
+
+
+@pytest.mark.timeout(150)
+def test_three_pods_run_every_slot_once(
+    fleet: Callable[..., DramatiqFleet], dramatiq_redis: str
+) -> None:
+    pods = fleet(dramatiq_redis, {"fast": FAST, "minutely": MINUTELY})
+    for name in ("w1", "w2", "w3"):
+        pods.worker(name, processes=2, threads=2)
+    pods.wait_for(lambda ls: pods.starts("fast"), 30, "a first slot")
+    started = time.time()
+    boundary = math.ceil(started / 60) * 60
+    time.sleep(max(started + 32, boundary + 3) - time.time())
+    pods.stop_all()
+    fast = pods.starts("fast")
+    assert_each_second_once(fast, time.time() - 3)
+    assert len(per_slot(fast)) >= 30
+    assert {x["attempt"] for x in fast} == {1}
+    assert len({x["pid"] for x in fast}) >= 3, "messages are spread over worker processes"
+    # One scheduler per pod: slots were sent by at most one process of each pod.
+    assert len({x["sent_by"] for x in fast}) <= 3
+    minutely = per_slot(pods.starts("minutely"))
+    assert len(minutely) >= 1
+    assert set(minutely.values()) == {1}
+    assert all(slot_seconds(s) % 60 == 0 for s in minutely)
+
+
+def test_killing_the_pod_that_sent_the_last_slot_misses_no_slot(
+    fleet: Callable[..., DramatiqFleet], dramatiq_redis: str
+) -> None:
+    pods = fleet(dramatiq_redis, {"fast": FAST})
+    for name in ("w1", "w2", "w3"):
+        pods.worker(name)
+    pods.wait_for(lambda ls: len(pods.starts("fast")) > 3, 30, "first slots")
+    pods.kill(pods.pod_of(pods.starts("fast")[-1]["sent_by"]))
+    time.sleep(10)
+    pods.stop_all()
+    fast = pods.starts("fast")
+    assert_each_second_once([x for x in fast if x["attempt"] == 1], time.time() - 3)
+
+
+def test_freezing_the_pod_that_sent_the_last_slot_runs_nothing_twice(
+    fleet: Callable[..., DramatiqFleet], dramatiq_redis: str
+) -> None:
+    pods = fleet(dramatiq_redis, {"fast": FAST})
+    for name in ("w1", "w2", "w3"):
+        pods.worker(name)
+    pods.wait_for(lambda ls: len(pods.starts("fast")) > 3, 30, "first slots")
+    frozen = pods.pod_of(pods.starts("fast")[-1]["sent_by"])
+    pods.signal(frozen, signal.SIGSTOP)
+    time.sleep(3 * 2)  # longer than the 3 s lease
+    pods.signal(frozen, signal.SIGCONT)
+    time.sleep(6)
+    pods.stop_all()
+    fast = pods.starts("fast")
+    attempts = Counter_of(fast)
+    assert {k: n for k, n in attempts.items() if n > 1} == {}, "an attempt ran twice"
+    # Slots held by the frozen pod were taken over as attempt 2: never two of one attempt.
+
+
+def Counter_of(starts: list[Line]) -> dict[tuple[str, int], int]:
+    counts: dict[tuple[str, int], int] = {}
+    for x in starts:
+        key = (x["slot_id"], x["attempt"])
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def test_a_worker_killed_mid_message_runs_the_slot_again_as_attempt_2(
+    fleet: Callable[..., DramatiqFleet], dramatiq_redis: str
+) -> None:
+    lease = 3
+    pods = fleet(dramatiq_redis, {"long": {"every": 15, "work": 8}, "fast": FAST}, lease=lease)
+    pods.worker("w1")
+    pods.worker("w2")
+    first = pods.wait_for(lambda ls: pods.starts("long"), 40, "a long message")[0]
+    import os
+
+    killed = time.time()
+    os.kill(first["pid"], signal.SIGKILL)
+    again = pods.wait_for(
+        lambda ls: [x for x in pods.starts("long") if x["slot_id"] == first["slot_id"]][1:],
+        20,
+        "attempt 2",
+    )[0]
+    assert again["attempt"] == 2
+    assert again["t"] - killed <= lease + 2
+    time.sleep(1)
+    pods.stop_all()
+    assert len([x for x in pods.starts("long") if x["slot_id"] == first["slot_id"]]) == 2
+
+
+def test_dramatiq_anarchon_next_to_plain_workers_sends_each_slot_once(
+    fleet: Callable[..., DramatiqFleet], dramatiq_redis: str
+) -> None:
+    pods = fleet(dramatiq_redis, {"fast": FAST})
+    pods.worker("w1", scheduler=False)
+    pods.worker("w2", scheduler=False)
+    # Workers first: a slot sent before any worker consumes would hold its job past the next slot.
+    pods.wait_for(lambda ls: all("ready for action" in t for t in pods.logs().values()), 30, "up")
+    pods.scheduler("s1")
+    pods.scheduler("s2")
+    pods.wait_for(lambda ls: pods.starts("fast"), 30, "a first slot")
+    time.sleep(12)
+    pods.stop_all()
+    fast = pods.starts("fast")
+    assert_each_second_once(fast, time.time() - 3)
+    assert {pods_of(x["sent_by"]) for x in fast} <= {"dqa"}
+
+
+def pods_of(instance: str) -> str:
+    return instance.rsplit(":", 1)[1]
+
+
+def test_all_down_across_a_slot_and_back_in_the_catch_up_window_runs_it_once(
+    fleet: Callable[..., DramatiqFleet], dramatiq_redis: str
+) -> None:
+    pods = fleet(dramatiq_redis, {"ten": {"every": 10, "work": 0.2}})
+    pods.worker("w1")
+    first = pods.wait_for(lambda ls: pods.starts("ten"), 40, "a first slot")[0]
+    pods.stop_all()
+    missed = slot_seconds(first["slot_id"]) + 10
+    time.sleep(max(0.0, missed + 2 - time.time()))
+    pods.worker("w1")
+    pods.worker("w2")
+    pods.wait_for(
+        lambda ls: [x for x in pods.starts("ten") if slot_seconds(x["slot_id"]) == missed],
+        30,
+        "the missed slot",
+    )
+    time.sleep(2)
+    pods.stop_all()
+    counts = per_slot(pods.starts("ten"))
+    assert counts[first["slot_id"]] == 1
+    assert [n for s, n in counts.items() if slot_seconds(s) == missed] == [1]
+
+
+def store_commands(url: str, namespace: str, seconds: float) -> int:
+    """Redis commands touching ``namespace``'s keys during ``seconds`` (MONITOR)."""
+    client = redis.Redis.from_url(url)
+    count = 0
+    deadline = time.time() + seconds
+    with client.monitor() as monitor:
+        for command in monitor.listen():
+            if time.time() > deadline:
+                break
+            if "anarchon:{" + namespace in command["command"]:
+                count += 1
+    client.close()
+    return count
+
+
+@pytest.mark.timeout(120)
+def test_store_operations_per_slot_do_not_grow_with_processes(
+    fleet: Callable[..., DramatiqFleet], dramatiq_redis: str
+) -> None:
+    per_slot_ops = {}
+    for processes in (1, 4):
+        pods = fleet(dramatiq_redis, {"fast": FAST})
+        pods.worker("w1", processes=processes)
+        pods.worker("w2", processes=processes)
+        pods.wait_for(lambda ls, p=pods: len(p.starts("fast")) > 2, 30, "first slots")
+        before = len(per_slot(pods.starts("fast")))
+        result: list[int] = []
+        counter = threading.Thread(
+            target=lambda p=pods: result.append(store_commands(dramatiq_redis, p.namespace, 10))
+        )
+        counter.start()
+        counter.join(30)
+        slots = len(per_slot(pods.starts("fast"))) - before
+        pods.stop_all()
+        per_slot_ops[processes] = result[0] / slots
+    print("store operations per slot:", per_slot_ops)
+    assert per_slot_ops[4] <= per_slot_ops[1] * 1.25
