@@ -68,6 +68,13 @@ def read_entry(name: str, raw: Mapping[str, Any], app_timezone: str) -> Entry:
     return Entry(name, task, every, cron, timezone, tuple(args), dict(kwargs), options, overrides)
 
 
+def _field(value: Any) -> str:
+    """A crontab field as cron text: Celery also takes ints, lists and sets."""
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return ",".join(str(v) for v in sorted(value, key=str))
+    return str(value).replace(" ", "")
+
+
 def _schedule(
     where: str, value: Any, app_timezone: str
 ) -> tuple[float | None, str | None, str | None]:
@@ -80,14 +87,23 @@ def _schedule(
     if isinstance(value, solar):
         raise ConfigurationError(f"{where}: solar schedules are not supported by anarchon")
     if isinstance(value, crontab):
-        fields = (
-            value._orig_minute,
-            value._orig_hour,
-            value._orig_day_of_month,
-            value._orig_month_of_year,
-            value._orig_day_of_week,
-        )
-        return None, " ".join(str(f).replace(" ", "") for f in fields), app_timezone
+        fields = [
+            _field(f)
+            for f in (
+                value._orig_minute,
+                value._orig_hour,
+                value._orig_day_of_month,
+                value._orig_month_of_year,
+                value._orig_day_of_week,
+            )
+        ]
+        if fields[2] != "*" and fields[4] != "*":
+            # Celery requires both to match; classic cron, which anarchon follows, either.
+            raise ConfigurationError(
+                f"{where}: crontab with both day_of_month and day_of_week restricted is not"
+                " supported (Celery needs both to match, cron either): split it in two entries"
+            )
+        return None, " ".join(fields), app_timezone
     if isinstance(value, schedule):
         return value.run_every.total_seconds(), None, None
     raise ConfigurationError(f"{where}: unsupported schedule {value!r}")

@@ -166,6 +166,7 @@ class WorkerCheck:
         return self
 
     def _loop(self) -> None:
+        unanswered = 0
         while True:
             answer = tracking_in_workers(self.app)
             if answer is not None:
@@ -180,6 +181,11 @@ class WorkerCheck:
                 log.info("anarchon: every worker tracks execution: slots are handed off to them")
             if answer is not None:
                 self._said = answer
+            elif self._said is None and (unanswered := unanswered + 1) == 30:
+                log.warning(
+                    "anarchon: no worker has answered 'inspect conf' for a minute (remote"
+                    " control disabled?): slots are sent without execution tracking"
+                )
             # No answer yet (workers still starting): ask again soon.
             if self._stop.wait(self.every if answer is not None else 2.0):
                 return

@@ -105,3 +105,13 @@ def test_the_pickup_lease_must_exceed_the_lease(caplog: pytest.LogCaptureFixture
     with pytest.raises(SystemExit):
         Scheduler(app)
     assert "anarchon_pickup=10 must exceed the lease (30s)" in caplog.text
+
+
+def test_crontab_fields_given_as_lists_and_sets() -> None:
+    entry = read_entry("e", {"task": "t", "schedule": crontab(minute=[0, 30], hour={8, 20})}, "UTC")
+    assert entry.cron == "0,30 20,8 * * *"
+
+
+def test_crontab_with_both_day_fields_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match="both day_of_month and day_of_week"):
+        read_entry("e", {"task": "t", "schedule": crontab(day_of_month=1, day_of_week=1)}, "UTC")
