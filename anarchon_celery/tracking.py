@@ -31,8 +31,8 @@ from celery import Celery, signals
 from celery.app.task import Task
 from celery.exceptions import Ignore, Retry
 
-from anarchon_core import AnarchonError, RunState
-from anarchon_core.executor import ExecutionLease, hand_over_all, store_for
+from anarchon_core import RunState
+from anarchon_core.executor import SkipWork, hand_over_all, take
 
 log = logging.getLogger(__name__)
 
@@ -45,12 +45,6 @@ FLAG = "anarchon_worker_tracking"
 def task_id(namespace: str, slot_id: str, attempt: int) -> str:
     """The task id of one attempt of one slot: a double send would be visible."""
     return f"anarchon:{namespace}:{slot_id}:{attempt}"
-
-
-def _lease(task: Task, info: dict[str, Any]) -> ExecutionLease:
-    from .scheduler import store_url
-
-    return ExecutionLease(store_for(store_url(task.app), str(info["namespace"])), info)
 
 
 @signals.worker_process_shutdown.connect  # type: ignore[untyped-decorator]
@@ -74,23 +68,15 @@ def _call(self: Task, *args: Any, **kwargs: Any) -> Any:
     info = _tracked(self)
     if info is None:
         return _original_call(self, *args, **kwargs)
+    from .scheduler import store_url
+
     try:
-        lease = _lease(self, info)
-        current = lease.begin()
-    except AnarchonError as exc:
-        # Unverifiable: never run what may have been sent again. Left
-        # unpicked, the slot is not sent again; the job's next slot supersedes it.
-        log.warning("anarchon: skipping %s, the store is unavailable: %s", info["slot_id"], exc)
-        raise Ignore(str(exc)) from exc
-    if not current:
-        log.warning(
-            "anarchon: skipping %s attempt %s: a later attempt of this slot was sent",
-            info["slot_id"],
-            info["attempt"],
-        )
-        request = self.request_stack.top
-        self.backend.mark_as_revoked(request.id, "stale anarchon attempt", request=request)
-        raise Ignore("stale anarchon attempt")
+        lease = take(store_url(self.app), info)
+    except SkipWork as skip:
+        if skip.stale:
+            request = self.request_stack.top
+            self.backend.mark_as_revoked(request.id, str(skip), request=request)
+        raise Ignore(str(skip)) from skip
     try:
         result = _original_call(self, *args, **kwargs)
     except Retry:

@@ -101,6 +101,37 @@ class ExecutionLease:
             log.warning("anarchon: could not hand %s over: %s", self.slot_id, exc)
 
 
+class SkipWork(Exception):
+    """The work must not run: its attempt is stale, or the store cannot tell."""
+
+    def __init__(self, reason: str, *, stale: bool) -> None:
+        super().__init__(reason)
+        self.stale = stale
+
+
+def take(url: str, info: Mapping[str, Any]) -> ExecutionLease:
+    """Take the lease of dispatched work before it runs, or raise :class:`SkipWork`.
+
+    Never runs what may have been sent again: when the store cannot be asked,
+    the work is skipped too (left unpicked, it is not sent again; the job's
+    next slot supersedes it).
+    """
+    try:
+        lease = ExecutionLease(store_for(url, str(info["namespace"])), info)
+        current = lease.begin()
+    except AnarchonError as exc:
+        log.warning("anarchon: skipping %s, the store is unavailable: %s", info["slot_id"], exc)
+        raise SkipWork(str(exc), stale=False) from exc
+    if not current:
+        log.warning(
+            "anarchon: skipping %s attempt %s: a later attempt of this slot was sent",
+            info["slot_id"],
+            info["attempt"],
+        )
+        raise SkipWork("stale anarchon attempt", stale=True)
+    return lease
+
+
 def hand_over_all() -> None:
     """Release every lease held by work running in this process."""
     for lease in list(running):

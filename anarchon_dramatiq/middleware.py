@@ -41,7 +41,7 @@ from dramatiq.middleware import MiddlewareError, Retries, SkipMessage
 
 from anarchon_core import AnarchonError, ConfigurationError, Job, JobOptions, Run, RunState
 from anarchon_core import Scheduler as Engine
-from anarchon_core.executor import ExecutionLease, store_for
+from anarchon_core.executor import ExecutionLease, SkipWork, take
 from anarchon_core.jobs import Duration, parse_duration
 from anarchon_core.schedules import make_schedule
 from anarchon_core.urls import check_namespace, redact
@@ -347,21 +347,9 @@ class Anarchon(Middleware):
         if not isinstance(info, dict) or not info.get("tracked"):
             return
         try:
-            store = store_for(self.store_url(broker), str(info["namespace"]))
-            lease = ExecutionLease(store, info)
-            current = lease.begin()
-        except AnarchonError as exc:
-            # Unverifiable: never run what may have been sent again. Left
-            # unpicked, the slot is not sent again; the job's next slot supersedes it.
-            log.warning("anarchon: skipping %s, the store is unavailable: %s", info["slot_id"], exc)
-            raise SkipMessage(str(exc)) from exc
-        if not current:
-            log.warning(
-                "anarchon: skipping %s attempt %s: a later attempt of this slot was sent",
-                info["slot_id"],
-                info["attempt"],
-            )
-            raise SkipMessage("stale anarchon attempt")
+            lease = take(self.store_url(broker), info)
+        except SkipWork as skip:
+            raise SkipMessage(str(skip)) from skip
         with self._lock:
             self._leases[id(message)] = (lease, False)
 
