@@ -1,0 +1,130 @@
+"""Pods for end-to-end tests: worker or scheduler commands, each in its own process group.
+
+A pod's processes (a worker and the processes it forks) share a process
+group, so a signal reaches all of them, as a container runtime's would. The
+test apps append JSON lines (``anarchon_core.instance.Reporter``) to one
+report file that the tests read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+Line = dict[str, Any]
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+class Pods:
+    """The pods of one test, configured through ``E2E_*`` environment variables."""
+
+    prefix = "p"
+
+    def __init__(
+        self,
+        tmp_path: Path,
+        broker: str,
+        schedule: dict[str, Any],
+        *,
+        store: str = "",
+        lease: float = 3,
+    ) -> None:
+        self.tmp_path = tmp_path
+        self.report = tmp_path / "report.jsonl"
+        self.report.touch()
+        self.namespace = f"{self.prefix}{uuid.uuid4().hex[:10]}"
+        self.env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "E2E_BROKER": broker,
+            "E2E_STORE": store,
+            "E2E_NAMESPACE": self.namespace,
+            "E2E_LEASE": str(lease),
+            "E2E_SCHEDULE": json.dumps(schedule),
+            "E2E_REPORT": str(self.report),
+        }
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
+        with open(self.tmp_path / f"{name}.log", "ab") as log:
+            self.procs[name] = subprocess.Popen(
+                argv,
+                env={**self.env, **(env or {})},
+                cwd=ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def signal(self, name: str, sig: signal.Signals) -> float:
+        """Signal the whole pod (process group)."""
+        os.killpg(self.procs[name].pid, sig)
+        return time.time()
+
+    def kill(self, name: str) -> float:
+        at = self.signal(name, signal.SIGKILL)
+        self.procs.pop(name).wait(10)
+        return at
+
+    def stop(self, name: str, timeout: float = 30) -> None:
+        self.signal(name, signal.SIGTERM)
+        proc = self.procs.pop(name)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+    def stop_all(self) -> None:
+        for name in list(self.procs):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.procs[name].pid, signal.SIGKILL)
+            self.procs.pop(name).wait(10)
+
+    def lines(self) -> list[Line]:
+        with open(self.report, encoding="utf-8") as handle:
+            return [json.loads(line) for line in handle if line.strip()]
+
+    def starts(self, job: str | None = None) -> list[Line]:
+        return [
+            x for x in self.lines() if x["kind"] == "start" and (job is None or x["job"] == job)
+        ]
+
+    def wait_for(self, predicate: Callable[[list[Line]], Any], timeout: float, what: str) -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = predicate(self.lines())
+            if found:
+                return found
+            time.sleep(0.1)
+        raise AssertionError(f"timed out waiting for {what}; logs: {self.logs()}")
+
+    def logs(self) -> dict[str, str]:
+        return {p.name: p.read_text()[-2000:] for p in self.tmp_path.glob("*.log")}
+
+    def log(self, name: str) -> str:
+        return (self.tmp_path / f"{name}.log").read_text()
+
+    def pod_of(self, instance: str) -> str:
+        """The pod whose process is ``instance`` (``host:pid:...``)."""
+        group = os.getpgid(int(instance.split(":")[1]))
+        return next(name for name, proc in self.procs.items() if proc.pid == group)
+
+
+def per_slot(lines: list[Line]) -> Counter[str]:
+    return Counter(x["slot_id"] for x in lines)
+
+
+def slot_seconds(slot_id: str) -> float:
+    return int(slot_id.rsplit("@", 1)[1]) / 1000
