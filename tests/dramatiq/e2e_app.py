@@ -1,6 +1,6 @@
 """The Dramatiq broker and actors that the end-to-end tests run in real worker processes.
 
-Configured from the environment: ``E2E_BROKER`` (redis:// URL), ``E2E_STORE``
+Configured from the environment: ``E2E_BROKER`` (redis:// or amqp:// URL), ``E2E_STORE``
 (optional: the broker serves as the store), ``E2E_NAMESPACE`` (also the queue
 name), ``E2E_LEASE``, ``E2E_SCHEDULER`` ("0": workers only track execution),
 ``E2E_SCHEDULE`` (JSON: actor name -> {"every": seconds} or {"cron": "* * * * *"},
@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 import dramatiq
+from dramatiq import Broker
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import CurrentMessage
 
@@ -22,7 +23,13 @@ from anarchon_core.instance import Reporter
 from anarchon_dramatiq import Anarchon, every
 
 NAMESPACE = os.environ["E2E_NAMESPACE"]
-broker = RedisBroker(url=os.environ["E2E_BROKER"])
+broker: Broker
+if os.environ["E2E_BROKER"].startswith("amqp"):
+    from dramatiq.brokers.rabbitmq import RabbitmqBroker
+
+    broker = RabbitmqBroker(url=os.environ["E2E_BROKER"])
+else:
+    broker = RedisBroker(url=os.environ["E2E_BROKER"])
 broker.add_middleware(CurrentMessage())
 broker.add_middleware(
     Anarchon(
