@@ -17,9 +17,9 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 Line = dict[str, Any]
 ROOT = Path(__file__).resolve().parents[1]
@@ -128,3 +128,29 @@ def per_slot(lines: list[Line]) -> Counter[str]:
 
 def slot_seconds(slot_id: str) -> float:
     return int(slot_id.rsplit("@", 1)[1]) / 1000
+
+
+P = TypeVar("P", bound=Pods)
+
+
+def fleets(cls: type[P], tmp_path: Path) -> Iterator[Callable[..., P]]:
+    """A fixture body: makes pods of ``cls`` for a test and kills them all afterwards."""
+    made: list[P] = []
+
+    def make(broker: str, schedule: dict[str, Any], **options: Any) -> P:
+        pods = cls(tmp_path, broker, schedule, **options)
+        made.append(pods)
+        return pods
+
+    yield make
+    for pods in made:
+        pods.stop_all()
+
+
+def assert_each_second_once(starts: list[Line], last: float) -> None:
+    """From the first slot run (the fleet is up) to ``last``: every second once."""
+    first = min(slot_seconds(x["slot_id"]) for x in starts)
+    counts = per_slot([x for x in starts if slot_seconds(x["slot_id"]) <= last])
+    expected = {int(first) + k for k in range(int(last) - int(first) + 1)}
+    assert {int(slot_seconds(s)) for s in counts} == expected, "a slot was missed"
+    assert {s: n for s, n in counts.items() if n > 1} == {}, "a slot ran twice"

@@ -10,11 +10,11 @@ import uuid
 from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.celery.harness import CELERY, CeleryFleet, Line, per_slot, slot_seconds
+from tests.celery.harness import CELERY, CeleryFleet, per_slot, slot_seconds
+from tests.pods import assert_each_second_once, fleets
 
 pytestmark = pytest.mark.scenario
 
@@ -34,25 +34,7 @@ def celery_redis(redis_url: str) -> str:
 
 @pytest.fixture
 def fleet(tmp_path: Path) -> Iterator[Callable[..., CeleryFleet]]:
-    made: list[CeleryFleet] = []
-
-    def make(broker: str, schedule: dict[str, Any], **options: Any) -> CeleryFleet:
-        fleet = CeleryFleet(tmp_path, broker, schedule, **options)
-        made.append(fleet)
-        return fleet
-
-    yield make
-    for fleet in made:
-        fleet.stop_all()
-
-
-def assert_each_second_once(starts: list[Line], last: float) -> None:
-    """From the first slot run (the fleet is up) to ``last``: every second once."""
-    first = min(slot_seconds(x["slot_id"]) for x in starts)
-    counts = per_slot([x for x in starts if slot_seconds(x["slot_id"]) <= last])
-    expected = {int(first) + k for k in range(int(last) - int(first) + 1)}
-    assert {int(slot_seconds(s)) for s in counts} == expected, "a slot was missed"
-    assert {s: n for s, n in counts.items() if n > 1} == {}, "a slot ran twice"
+    yield from fleets(CeleryFleet, tmp_path)
 
 
 def run_until(pods: CeleryFleet, job: str, slots: int, started: float) -> None:

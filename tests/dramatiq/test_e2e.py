@@ -8,12 +8,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import redis
 
 from tests.dramatiq.harness import DramatiqFleet, Line, per_slot, slot_seconds
+from tests.pods import assert_each_second_once, fleets
 
 pytestmark = pytest.mark.scenario
 
@@ -29,25 +29,7 @@ def dramatiq_redis(redis_url: str) -> str:
 
 @pytest.fixture
 def fleet(tmp_path: Path) -> Iterator[Callable[..., DramatiqFleet]]:
-    made: list[DramatiqFleet] = []
-
-    def make(broker: str, schedule: dict[str, Any], **options: Any) -> DramatiqFleet:
-        fleet = DramatiqFleet(tmp_path, broker, schedule, **options)
-        made.append(fleet)
-        return fleet
-
-    yield make
-    for fleet in made:
-        fleet.stop_all()
-
-
-def assert_each_second_once(starts: list[Line], last: float) -> None:
-    """From the first slot run (the fleet is up) to ``last``: every second once."""
-    first = min(slot_seconds(x["slot_id"]) for x in starts)
-    counts = per_slot([x for x in starts if slot_seconds(x["slot_id"]) <= last])
-    expected = {int(first) + k for k in range(int(last) - int(first) + 1)}
-    assert {int(slot_seconds(s)) for s in counts} == expected, "a slot was missed"
-    assert {s: n for s, n in counts.items() if n > 1} == {}, "a slot ran twice"
+    yield from fleets(DramatiqFleet, tmp_path)
 
 
 @pytest.mark.timeout(150)
