@@ -116,3 +116,72 @@ def test_invalid_middleware_options_fail_at_construction() -> None:
         Anarchon(namespace="a b")
     with pytest.raises(ConfigurationError, match="pickup"):
         Anarchon(pickup="soon")
+
+
+def tracked_message(store_url: str, namespace: str, token: int) -> dramatiq.Message[Any]:
+    info = {
+        "namespace": namespace,
+        "job": "sync",
+        "slot_id": "sync@1700000000000",
+        "attempt": 1,
+        "token": token,
+        "lease": 5,
+        "pickup": 60,
+        "tracked": True,
+    }
+    return dramatiq.Message(
+        queue_name="default", actor_name="sync", args=(), kwargs={}, options={"anarchon": info}
+    )
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Any) -> str:
+    return f"sqlite:///{tmp_path / 'tracking.db'}"
+
+
+def test_a_stale_attempt_is_skipped_and_a_current_one_is_tracked(sqlite_url: str) -> None:
+    from dramatiq.middleware import SkipMessage
+
+    from anarchon_core import RunState, open_store
+
+    store = open_store(sqlite_url, namespace="t")
+    first = store.claim("sync", 1_700_000_000_000, "beat", 60).holder
+    assert first is not None
+    assert store.release("sync", first.token)
+    second = store.takeover("sync", 1_700_000_000_000, "beat2", 60, first.token).holder
+    assert second is not None
+    broker = StubBroker()
+    middleware = Anarchon(store=sqlite_url, namespace="t")
+    broker.add_middleware(middleware)
+    with pytest.raises(SkipMessage):
+        middleware.before_process_message(broker, tracked_message(sqlite_url, "t", first.token))
+    current = tracked_message(sqlite_url, "t", second.token)
+    middleware.before_process_message(broker, current)
+    state = store.state("sync")
+    assert state is not None and state.lease_remaining <= 5  # the executor's lease now
+    middleware.after_process_message(broker, current)
+    middleware.after_ack(broker, current)
+    state = store.state("sync")
+    assert state is not None and state.state is RunState.DONE
+
+
+def test_a_message_retried_by_dramatiq_keeps_its_slot(sqlite_url: str) -> None:
+    from dramatiq.middleware import Retries
+
+    from anarchon_core import RunState, open_store
+
+    store = open_store(sqlite_url, namespace="t")
+    holder = store.claim("sync", 1_700_000_000_000, "beat", 60).holder
+    assert holder is not None
+    broker = StubBroker()
+    assert any(isinstance(m, Retries) for m in broker.middleware)
+    middleware = Anarchon(store=sqlite_url, namespace="t")
+    broker.add_middleware(middleware)
+    message = tracked_message(sqlite_url, "t", holder.token)
+    middleware.before_process_message(broker, message)
+    middleware.after_process_message(broker, message, exception=RuntimeError("boom"))
+    middleware.after_ack(broker, message)  # Retries re-enqueued it: the slot is kept
+    state = store.state("sync")
+    assert state is not None and state.state is RunState.RUNNING
+    assert 55 < state.lease_remaining <= 60  # held for the retried message (pickup lease)
+    assert store.renew("sync", holder.token, 5)  # and the retried message may take it
