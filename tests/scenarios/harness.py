@@ -84,7 +84,8 @@ class Fleet:
             if line["kind"] == "start" and (slot_id is None or line["slot_id"] == slot_id)
         ]
 
-    def first_start(self, timeout: float = 30) -> Line:
+    def first_start(self, timeout: float = 75) -> Line:
+        """The first run; if slow starts missed the first slot, the next one (up to 60 s on)."""
         found: list[Line] = self.wait_for(
             lambda ls: [line for line in ls if line["kind"] == "start"], timeout, "a first run"
         )

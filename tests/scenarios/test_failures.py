@@ -41,7 +41,7 @@ def test_every_slot_runs_exactly_once_spread_over_instances(any_fleet_factory: A
 
 
 def test_killed_runner_is_taken_over_as_attempt_2(fleet_factory: Any) -> None:
-    fleet = fleet_factory(every=30, anchor=anchor_soon(3), work=6, lease=2)
+    fleet = fleet_factory(every=30, anchor=anchor_soon(6), work=6, lease=2)
     fleet.start(*NAMES)
     first = fleet.first_start()
     killed_at = fleet.kill(first["instance"])
@@ -55,7 +55,7 @@ def test_killed_runner_is_taken_over_as_attempt_2(fleet_factory: Any) -> None:
 
 
 def test_frozen_runner_is_taken_over_then_learns_it_lost(fleet_factory: Any) -> None:
-    fleet = fleet_factory(every=60, anchor=anchor_soon(3), work=8, lease=2)
+    fleet = fleet_factory(every=60, anchor=anchor_soon(6), work=8, lease=2)
     fleet.start(*NAMES)
     first = fleet.first_start()
     fleet.signal(first["instance"], signal.SIGSTOP)
@@ -81,7 +81,7 @@ def test_frozen_runner_is_taken_over_then_learns_it_lost(fleet_factory: Any) -> 
 
 
 def test_sigterm_hands_the_run_over_at_once(fleet_factory: Any) -> None:
-    fleet = fleet_factory(every=60, anchor=anchor_soon(3), work=8, lease=10)
+    fleet = fleet_factory(every=60, anchor=anchor_soon(6), work=8, lease=10)
     fleet.start(*NAMES)
     first = fleet.first_start()
     time.sleep(0.5)
@@ -98,7 +98,7 @@ def test_sigterm_hands_the_run_over_at_once(fleet_factory: Any) -> None:
 def test_all_instances_killed_mid_run_then_restarted_run_the_slot_again(
     fleet_factory: Any,
 ) -> None:
-    fleet = fleet_factory(every=60, anchor=anchor_soon(3), work=20, lease=2)
+    fleet = fleet_factory(every=60, anchor=anchor_soon(6), work=20, lease=2)
     fleet.start(*NAMES)
     first = fleet.first_start()
     for name in NAMES:
@@ -201,7 +201,7 @@ def test_skewed_clocks_cause_no_double_run_and_no_premature_takeover(
 
 
 def test_a_skewed_backup_does_not_take_a_live_lease_early(fleet_factory: Any) -> None:
-    fleet = fleet_factory(every=60, anchor=anchor_soon(3), work=7, lease=2)
+    fleet = fleet_factory(every=60, anchor=anchor_soon(6), work=7, lease=2)
     for name, skew in zip(NAMES, (0, 5, -5), strict=True):
         fleet.start(name, skew=skew)
     first = fleet.first_start()
