@@ -67,20 +67,20 @@ def test_three_pods_run_every_slot_once(
 def test_killing_the_pod_that_sent_the_last_slot_misses_no_slot(
     fleet: Callable[..., DramatiqFleet], dramatiq_redis: str
 ) -> None:
-    # Slots 4 s apart, longer than the 3 s lease: a slot whose run died with the pod
-    # is taken over before the next one is due, so every slot runs (some as attempt 2).
-    pods = fleet(dramatiq_redis, {"tick": {"every": 4, "work": 1}})
+    # Slots 6 s apart, longer than the 3 s lease plus a run: if a run dies with the
+    # pod it is taken over before the next slot is due, so every slot runs.
+    pods = fleet(dramatiq_redis, {"tick": {"every": 6, "work": 0.3}})
     for name in ("w1", "w2", "w3"):
         pods.worker(name)
     first = pods.wait_for(lambda ls: pods.starts("tick"), 30, "a first slot")[0]
-    # Mid-interval, while the last slot's run goes on (not while a message is in flight).
-    time.sleep(max(0.0, slot_seconds(first["slot_id"]) + 4 + 0.5 - time.time()))
+    # Two seconds after a slot: its pod sent it, no message of it is in flight.
+    time.sleep(max(0.0, slot_seconds(first["slot_id"]) + 6 + 2 - time.time()))
     killed_at = pods.kill(pods.pod_of(pods.starts("tick")[-1]["sent_by"]))
-    time.sleep(16)
+    time.sleep(19)
     pods.stop_all()
     runs = pods.starts("tick")
     seconds = sorted({int(slot_seconds(x["slot_id"])) for x in runs})
-    expected = list(range(seconds[0], int(time.time() - 5), 4))
+    expected = list(range(seconds[0], int(time.time() - 5), 6))
     assert [s for s in expected if s not in seconds] == [], "a slot was missed"
     assert len([s for s in expected if s > killed_at]) >= 2
     attempts = [(x["slot_id"], x["attempt"]) for x in runs]
