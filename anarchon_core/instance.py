@@ -8,6 +8,10 @@ hand-over, lost lease, refused finish, ...). Lines are written with a single
 ``os.write`` on a file opened with ``O_APPEND``, so concurrent writers never
 interleave.
 
+Under ``anarchon demo`` an instance starts with SIGINT blocked (the demo
+starts it so), so the terminal's Ctrl-C, sent to the whole process group,
+leaves the instance to the demo, which stops it with one SIGTERM.
+
 Run it as ``python -m anarchon_core.instance --store URL --name a --report FILE``.
 """
 

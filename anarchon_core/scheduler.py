@@ -28,6 +28,7 @@ import random
 import signal
 import socket
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -52,6 +53,8 @@ BACKOFF_MIN, BACKOFF_MAX = 0.1, 2.0
 MAX_SLEEP = 1.0
 #: The longest :meth:`Scheduler.stop` waits for the hand-over to reach the store.
 HANDOVER_WAIT = 10.0
+#: How often :meth:`Scheduler.run_forever` looks whether a stop signal came.
+SIGNAL_POLL = 0.05
 
 _LEVELS = {
     "won": logging.DEBUG,
@@ -330,14 +333,16 @@ class Scheduler:
 
     def run_forever(self) -> None:
         """Run until SIGTERM or SIGINT (or :meth:`stop`), then stop gracefully."""
-        stopped = threading.Event()
+        signalled: list[int] = []
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
-                signal.signal(sig, lambda *_: stopped.set())
+                # The handler runs between any two steps of this thread: it takes no
+                # lock (Event.set would, and this thread may hold it: a hang).
+                signal.signal(sig, lambda signum, _frame: signalled.append(signum))
         self.start()
         try:
-            while not stopped.is_set() and not self._stopping.is_set():
-                stopped.wait(0.5)
+            while not signalled and not self._stopping.is_set():
+                time.sleep(SIGNAL_POLL)
         finally:
             self.stop()
 

@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import queue
+import random
 import re
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
+from typing import IO
 
 import pytest
 
 from anarchon_core import RunState
 from anarchon_core.cli import main
+from anarchon_core.demo import STOP_GRACE
 from anarchon_core.stores.sqlite import SQLiteStore
 
 SLOT = 1_700_000_000_000
@@ -27,8 +36,8 @@ def test_demo_shows_a_takeover_and_a_hand_over_and_no_duplicate() -> None:
     )
     assert done.returncode == 0, done.stderr
     out = done.stdout
-    assert re.search(r"^\s+\d\d:\d\d:\d\d\s+i\d\s+2\s+takeover \(lease lapsed\)$", out, re.M)
-    assert re.search(r"^\s+\d\d:\d\d:\d\d\s+i\d\s+2\s+takeover \(hand-over\)$", out, re.M)
+    assert re.search(r"^\s+\d\d:\d\d:\d\d\s+i\d\s+2\s+takeover \(lease lapsed\)$", out, re.M), out
+    assert re.search(r"^\s+\d\d:\d\d:\d\d\s+i\d\s+2\s+takeover \(hand-over\)$", out, re.M), out
     summary = re.search(
         r"slots: (\d+), duplicates: (\d+), takeovers: (\d+), hand-overs: (\d+)", out
     )
@@ -106,3 +115,115 @@ def test_ctrl_c_stops_the_demo_cleanly() -> None:
         ["pgrep", "-g", str(proc.pid)], capture_output=True, text=True, check=False
     )
     assert leftovers.stdout.strip() == ""
+
+
+CTRL_C_DEMO = 6.0  # seconds: SIGKILL at 2 s, SIGTERM at 4 s, then the summary
+
+
+def _ctrl_c_moments() -> list[tuple[str, float]]:
+    """When to press Ctrl-C: the output line it follows, and how many seconds after.
+
+    Seeded, so that a failing moment replays: one moment in each second of
+    the demo's timeline, from its first line (before any instance starts) to
+    its natural end (when it stops the instances and prints the summary), and
+    moments just after it SIGKILLs and SIGTERMs an instance, while it waits
+    for that one to exit and starts it again.
+    """
+    rng = random.Random(2024)
+    moments = [("anarchon demo:", 0.0)]
+    moments += [("anarchon demo:", round(rng.uniform(n, n + 1), 3)) for n in range(6)]
+    moments.append(("anarchon demo:", CTRL_C_DEMO))
+    for line in (">> SIGKILL", ">> SIGTERM"):
+        moments.append((line, round(rng.uniform(0, 0.15), 3)))
+        moments.append((line, round(rng.uniform(0.15, 0.5), 3)))
+    return moments
+
+
+def _process_group(pgid: int) -> list[str]:
+    """The processes of group ``pgid``, zombies included, as "pid state name"."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # it ended meanwhile
+        name = stat[stat.find("(") + 1 : stat.rfind(")")]
+        state, _, group = stat[stat.rfind(")") + 2 :].split()[:3]
+        if int(group) == pgid:
+            found.append(f"{entry.name} {state} {name}")
+    return found
+
+
+def _read(stream: IO[str], lines: queue.Queue[str | None]) -> None:
+    for line in stream:
+        lines.put(line)
+    lines.put(None)
+
+
+def _moment_id(value: object) -> str:
+    return f"+{value}s" if isinstance(value, float) else str(value).strip("> :")
+
+
+@pytest.mark.scenario
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process groups in /proc")
+@pytest.mark.parametrize(("after", "delay"), _ctrl_c_moments(), ids=_moment_id)
+def test_ctrl_c_at_any_moment_leaves_no_process_behind(after: str, delay: float) -> None:
+    argv = [sys.executable, "-m", "anarchon_core.cli", "demo", "--interval", "1"]
+    proc = subprocess.Popen(
+        [*argv, "--duration", str(CTRL_C_DEMO)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert proc.stdout and proc.stderr
+    out: queue.Queue[str | None] = queue.Queue()
+    err: queue.Queue[str | None] = queue.Queue()
+    readers = [
+        threading.Thread(target=_read, args=(proc.stdout, out), daemon=True),
+        threading.Thread(target=_read, args=(proc.stderr, err), daemon=True),
+    ]
+    for reader in readers:
+        reader.start()
+    seen: list[str] = []
+    try:
+        deadline = time.monotonic() + 60  # a loaded machine starts processes slowly
+        while not any(after in line for line in seen) and time.monotonic() < deadline:
+            with contextlib.suppress(queue.Empty):
+                line = out.get(timeout=0.5)
+                if line is None:
+                    break
+                seen.append(line)
+        if not any(after in line for line in seen):
+            proc.wait(STOP_GRACE + 10)
+            assert _process_group(proc.pid) == []
+            assert any(line.startswith("slots:") for line in seen), "".join(seen)
+            # On a very busy machine instances can start too late for the demo to find one
+            # in the middle of a run: it ended well, with no such moment to press Ctrl-C at.
+            pytest.skip(f"the demo printed no {after!r} line:\n{''.join(seen)}")
+        time.sleep(delay)
+        # Ctrl-C in a terminal signals the whole process group: the demo and its instances.
+        os.killpg(proc.pid, signal.SIGINT)
+        pressed = time.monotonic()
+        proc.wait(STOP_GRACE + 10)
+        took = time.monotonic() - pressed
+        # The demo reaps every instance before it returns: nothing of its group remains.
+        assert _process_group(proc.pid) == []
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # only if a check above failed
+        proc.wait()
+        for reader in readers:
+            reader.join(5)
+        proc.stdout.close()
+        proc.stderr.close()
+    text = "".join(seen) + "".join(line for line in out.queue if line)
+    errors = "".join(line for line in err.queue if line)
+    assert proc.returncode == 0, errors
+    assert "Traceback" not in errors
+    assert re.search(r"slots: \d+, duplicates: 0", text), text
+    if after != "anarchon demo:" or delay < CTRL_C_DEMO - 1:
+        assert "interrupted" in text, text
+    assert took < STOP_GRACE + 5, f"{took:.1f} s to stop:\n{text}"
