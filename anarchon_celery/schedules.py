@@ -5,7 +5,14 @@ becomes one job of the same name. Intervals (a number of seconds, a
 ``timedelta``, ``celery.schedules.schedule``) become fixed grids anchored at
 the Unix epoch, the same on every instance; stock beat instead counts them
 from when its process started. ``crontab`` entries become cron expressions
-in the app's time zone. ``solar`` schedules are refused.
+in the app's time zone.
+
+Every instance must compute the same slots from the clock alone, so a
+schedule whose due times depend on anything else is refused rather than run
+as something it is not: ``solar``, a subclass of ``schedule`` or ``crontab``
+that overrides how its due times are computed (``is_due``,
+``remaining_estimate``...), a ``crontab`` with its own ``nowfun``, and any
+other type.
 
 Per-entry overrides of the ``anarchon_*`` settings go in the entry's
 ``options`` (``anarchon_lease``, ``anarchon_jitter``, ``anarchon_catch_up``)
@@ -19,12 +26,31 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from celery.schedules import crontab, schedule, solar
+from celery.beat import ScheduleEntry
+from celery.schedules import BaseSchedule, crontab, schedule, solar
 
 from anarchon_core import ConfigurationError
 
 #: Entry options read by anarchon and not passed on to ``apply_async``.
 OVERRIDES = ("lease", "jitter", "catch_up")
+
+#: Methods whose override changes when a schedule is due: such a subclass is refused.
+_DUE_METHODS = {
+    schedule: ("is_due", "remaining_estimate"),
+    crontab: ("is_due", "remaining_estimate", "remaining_delta", "now", "to_local"),
+}
+_USE_INSTEAD = (
+    "use a number of seconds, a timedelta, schedule(...) or crontab(...) (and let the task"
+    " skip the runs it does not want)"
+)
+#: A crontab field's full range: a field covering it is written ``*``.
+_CRON_RANGES = (
+    ("minute", range(60)),
+    ("hour", range(24)),
+    ("day_of_month", range(1, 32)),
+    ("month_of_year", range(1, 13)),
+    ("day_of_week", range(7)),
+)
 
 
 @dataclass(frozen=True)
@@ -42,22 +68,61 @@ class Entry:
     overrides: dict[str, Any] = field(default_factory=dict)
 
 
-def read_entry(name: str, raw: Mapping[str, Any], app_timezone: str) -> Entry:
+def read_entry(name: str, raw: Mapping[str, Any], app_timezone: str, where: str = "") -> Entry:
     """An :class:`Entry` from a ``beat_schedule`` item, or a ConfigurationError naming it."""
-    where = f"beat_schedule[{name!r}]"
+    where = where or f"beat_schedule[{name!r}]"
     if not isinstance(raw, Mapping):
         raise ConfigurationError(f"{where}: expected a dict, got {type(raw).__name__}")
-    task = raw.get("task")
+    return _read(
+        where,
+        name,
+        raw.get("task"),
+        raw.get("schedule"),
+        raw.get("args"),
+        raw.get("kwargs"),
+        raw.get("options"),
+        app_timezone,
+    )
+
+
+def read_schedule_entry(entry: ScheduleEntry, app_timezone: str, where: str = "") -> Entry:
+    """An :class:`Entry` from beat's own ``ScheduleEntry`` (``scheduler.schedule``'s values)."""
+    return _read(
+        where or f"beat_schedule[{entry.name!r}]",
+        entry.name,
+        entry.task,
+        entry.schedule,
+        entry.args,
+        entry.kwargs,
+        entry.options,
+        app_timezone,
+    )
+
+
+def _read(
+    where: str,
+    name: Any,
+    task: Any,
+    value: Any,
+    args: Any,
+    kwargs: Any,
+    options: Any,
+    app_timezone: str,
+) -> Entry:
+    if not isinstance(name, str) or not name:
+        raise ConfigurationError(f"{where}: the entry needs a name")
     if not isinstance(task, str) or not task:
         raise ConfigurationError(f"{where}: 'task' must name a task")
-    every, cron, timezone = _schedule(where, raw.get("schedule"), app_timezone)
-    args = raw.get("args") or ()
-    kwargs = raw.get("kwargs") or {}
+    every, cron, timezone = _schedule(where, value, app_timezone)
+    args = args or ()
+    kwargs = kwargs or {}
     if not isinstance(args, (list, tuple)):
         raise ConfigurationError(f"{where}: 'args' must be a list or tuple")
     if not isinstance(kwargs, Mapping):
         raise ConfigurationError(f"{where}: 'kwargs' must be a dict")
-    options = dict(raw.get("options") or {})
+    if options is not None and not isinstance(options, Mapping):
+        raise ConfigurationError(f"{where}: 'options' must be a dict")
+    options = dict(options or {})
     overrides = {k: options.pop(f"anarchon_{k}") for k in OVERRIDES if f"anarchon_{k}" in options}
     unknown = sorted(k for k in options if k.startswith("anarchon_"))
     if unknown:
@@ -75,6 +140,44 @@ def _field(value: Any) -> str:
     return str(value).replace(" ", "")
 
 
+def _overridden(value: BaseSchedule, base: type) -> list[str]:
+    """The methods of ``value``'s class that change, from ``base``'s, when it is due."""
+    return [m for m in _DUE_METHODS[base] if getattr(type(value), m) is not getattr(base, m)]
+
+
+def _cron(where: str, value: crontab) -> str:
+    fields = []
+    for attr, full in _CRON_RANGES:
+        expanded = getattr(value, attr)
+        if set(expanded) == set(full):
+            fields.append("*")  # cron's day-of-month/day-of-week rule needs '*' for "any"
+        elif type(value) is crontab:
+            fields.append(_field(getattr(value, f"_orig_{attr}")))
+        else:  # a subclass may have set its fields itself: read what it holds
+            fields.append(",".join(str(v) for v in sorted(expanded)))
+    if fields[2] != "*" and fields[4] != "*":
+        # Celery requires both to match; classic cron, which anarchon follows, either.
+        raise ConfigurationError(
+            f"{where}: crontab with both day_of_month and day_of_week restricted is not"
+            " supported (Celery needs both to match, cron either): split it in two entries"
+        )
+    minute, hour, day_of_month, month, day_of_week = fields
+    return " ".join((minute, hour, day_of_month, month, day_of_week))
+
+
+def _timezone(where: str, value: crontab, app_timezone: str) -> str:
+    """The app's time zone, or the IANA zone a crontab subclass sets as its ``tz``."""
+    if getattr(type(value), "tz", None) is getattr(crontab, "tz", None):
+        return app_timezone
+    zone = getattr(value.tz, "key", None) or getattr(value.tz, "zone", None)
+    if not isinstance(zone, str) or not zone:
+        raise ConfigurationError(
+            f"{where}: {type(value).__name__}.tz is {value.tz!r}, not an IANA time zone"
+            " (zoneinfo.ZoneInfo): use one, or app.conf.timezone"
+        )
+    return zone
+
+
 def _schedule(
     where: str, value: Any, app_timezone: str
 ) -> tuple[float | None, str | None, str | None]:
@@ -84,26 +187,34 @@ def _schedule(
         return float(value), None, None
     if isinstance(value, timedelta):
         return value.total_seconds(), None, None
+    kind = type(value).__name__
     if isinstance(value, solar):
-        raise ConfigurationError(f"{where}: solar schedules are not supported by anarchon")
+        raise ConfigurationError(
+            f"{where}: solar schedules are not supported by anarchon (every beat must compute"
+            " the same slots from the clock alone): use crontab(...) at a fixed time instead"
+        )
     if isinstance(value, crontab):
-        fields = [
-            _field(f)
-            for f in (
-                value._orig_minute,
-                value._orig_hour,
-                value._orig_day_of_month,
-                value._orig_month_of_year,
-                value._orig_day_of_week,
-            )
-        ]
-        if fields[2] != "*" and fields[4] != "*":
-            # Celery requires both to match; classic cron, which anarchon follows, either.
+        overridden = _overridden(value, crontab)
+        if overridden:
             raise ConfigurationError(
-                f"{where}: crontab with both day_of_month and day_of_week restricted is not"
-                " supported (Celery needs both to match, cron either): split it in two entries"
+                f"{where}: {kind} overrides {', '.join(overridden)}, so anarchon cannot compute"
+                f" its slots the same on every beat: {_USE_INSTEAD}"
             )
-        return None, " ".join(fields), app_timezone
+        if value.nowfun is not None:
+            raise ConfigurationError(
+                f"{where}: crontab(nowfun=...) is not supported: slots are computed from the"
+                " clock in app.conf.timezone; set the time zone there, or write the times in it"
+            )
+        return None, _cron(where, value), _timezone(where, value, app_timezone)
     if isinstance(value, schedule):
+        overridden = _overridden(value, schedule)
+        if overridden:
+            raise ConfigurationError(
+                f"{where}: {kind} overrides {', '.join(overridden)}, so anarchon cannot compute"
+                f" its slots the same on every beat: {_USE_INSTEAD}"
+            )
         return value.run_every.total_seconds(), None, None
-    raise ConfigurationError(f"{where}: unsupported schedule {value!r}")
+    raise ConfigurationError(
+        f"{where}: unsupported schedule {value!r} ({kind}): anarchon computes every slot from"
+        f" the clock alone, the same on every beat: {_USE_INSTEAD}"
+    )

@@ -119,7 +119,13 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
         app.conf[FLAG] = True
 
 
-def tracking_in_workers(app: Celery, timeout: float = 2.0) -> bool | None:
+#: How long beat collects the workers' answers to one ``inspect conf``. Workers
+#: answer within milliseconds; a stop waits for a broadcast under way, so it
+#: stays short (a worker that misses it is asked again at the next check).
+INSPECT_TIMEOUT = 0.5
+
+
+def tracking_in_workers(app: Celery, timeout: float = INSPECT_TIMEOUT) -> bool | None:
     """Whether every worker that answers has the wrapper; None if no worker answered."""
     try:
         replies = app.control.inspect(timeout=timeout).conf() or {}
@@ -155,6 +161,8 @@ class WorkerCheck:
         unanswered = 0
         while True:
             answer = tracking_in_workers(self.app)
+            if self._stop.is_set():
+                return  # stopped during the broadcast: the answer no longer matters
             if answer is not None:
                 self.tracking = answer
             if answer is False and self._said is not False:
@@ -176,5 +184,11 @@ class WorkerCheck:
             if self._stop.wait(self.every if answer is not None else 2.0):
                 return
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = INSPECT_TIMEOUT + 2.0) -> None:
+        """Stop asking, and wait for the thread (at most one ``inspect`` and ``timeout``)."""
         self._stop.set()
+        thread = self._thread
+        if thread.is_alive() and thread is not threading.current_thread():
+            thread.join(timeout)
+            if thread.is_alive():
+                log.warning("anarchon: the worker check did not stop within %gs", timeout)

@@ -199,6 +199,9 @@ class Scheduler:
         self._stats: Counter[str] = Counter()
         self._handler_threads: list[threading.Thread] = []
         self._inline = inline
+        #: The thread inside :meth:`run_pending`, and whether a stop waits for its end.
+        self._stepping: int | None = None
+        self._stop_after_step = False
 
     # -- declaring jobs -------------------------------------------------
 
@@ -321,6 +324,12 @@ class Scheduler:
         deadline = self._clock.monotonic() + timeout
         self._stopping.set()
         self._wake.set()
+        if self._stepping == threading.get_ident():
+            # Called from within a step of this very thread (a signal handler): the
+            # interrupted step may hold the store's connection, so the hand-over
+            # waits for the step's end (see run_pending) instead of blocking here.
+            self._stop_after_step = True
+            return
         thread, self._thread = self._thread, None
         if thread is not None and thread is not threading.current_thread():
             thread.join(max(timeout, HANDOVER_WAIT))
@@ -383,6 +392,19 @@ class Scheduler:
 
     def run_pending(self) -> float:
         """Do everything that is due now; return the seconds until more is due."""
+        self._stepping = threading.get_ident()
+        try:
+            return self._step()
+        finally:
+            self._stepping = None
+            if self._stop_after_step:
+                # stop() was called from inside this step: hand over now that it ended.
+                self._stop_after_step = False
+                self._shutdown()
+                if self._owns_store and self._thread is None:
+                    self.store.close()
+
+    def _step(self) -> float:
         now_mono = self._clock.monotonic()
         if now_mono < self._retry_at:
             return self._retry_at - now_mono

@@ -71,7 +71,6 @@ import contextlib
 import hashlib
 import json
 import logging
-import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
@@ -90,6 +89,7 @@ from ..errors import ConfigurationError, StoreUnavailable
 from ..jobs import Duration, parse_duration
 from ..store import Claim, ClaimRequest, ClaimStatus, JobState, RunRecord, RunState, Store
 from ..urls import check_namespace, redact
+from ._lock import CallLock
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +157,7 @@ class RabbitMQStore(Store):
             )
         self._conn: Any = connection
         self._channel: Any = None
-        self._lock = threading.Lock()
+        self._calls = CallLock()
         self._arguments = {
             "x-max-length": 1,
             "x-overflow": "reject-publish",
@@ -212,7 +212,7 @@ class RabbitMQStore(Store):
         A retry is safe: publishing to a slot's queue twice can never make two
         winners, at worst a claim won before the failure reports TAKEN.
         """
-        with self._lock:
+        with self._calls.held():
             while True:
                 fresh = self._channel is None
                 try:
@@ -321,14 +321,20 @@ class RabbitMQStore(Store):
         return []
 
     def close(self) -> None:
-        """Close this store's channel, and the connection if the store opened it."""
-        with self._lock:
-            channel, self._channel = self._channel, None
-            with contextlib.suppress(*_UNAVAILABLE):
-                if channel is not None:
-                    channel.close()
-                if self._owns:
-                    self._conn.release()
+        """Close this store's channel, and the connection if the store opened it.
+
+        A call still using them (hung, or interrupted by the signal handler that
+        closes the store) closes them when it ends.
+        """
+        self._calls.close(self._close_now)
+
+    def _close_now(self) -> None:
+        channel, self._channel = self._channel, None
+        with contextlib.suppress(*_UNAVAILABLE):
+            if channel is not None:
+                channel.close()
+            if self._owns:
+                self._conn.release()
 
     def __repr__(self) -> str:
         return f"<RabbitMQStore {self._shown} namespace={self.namespace!r}>"

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-import threading
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -25,6 +24,7 @@ from ..errors import ConfigurationError, StoreUnavailable
 from ..jobs import parse_duration
 from ..store import Claim, ClaimRequest, ClaimStatus, JobState, RunRecord, RunState, Store
 from . import _sql
+from ._lock import CallLock
 
 #: Largest number of job names per ``IN (...)`` list.
 _CHUNK = 500
@@ -46,7 +46,7 @@ class SQLDialectStore(Store):
 
     def __init__(self, *, namespace: str) -> None:
         super().__init__(namespace=namespace)
-        self._lock = threading.Lock()
+        self._calls = CallLock()
         self._conn: Any = None
 
     def _connect(self) -> Any:
@@ -61,7 +61,7 @@ class SQLDialectStore(Store):
 
     @contextmanager
     def _transaction(self, write: bool = True) -> Iterator[Any]:
-        with self._lock:
+        with self._calls.held():
             try:
                 conn = self._begin(write)
                 try:
@@ -173,8 +173,8 @@ class SQLDialectStore(Store):
             conn.execute(statement)
 
     def close(self) -> None:
-        with self._lock:
-            self._drop_connection()
+        """Close the connection; one still in use is closed when its call ends."""
+        self._calls.close(self._drop_connection)
 
 
 class SQLiteStore(SQLDialectStore):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from celery import Celery
@@ -96,9 +97,18 @@ def test_task_ids_name_the_slot_and_attempt() -> None:
     assert task_id("billing", "sync@1700000000000", 2) == "anarchon:billing:sync@1700000000000:2"
 
 
-def test_the_pickup_lease_must_exceed_the_lease(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_store_private_to_one_process_is_refused(caplog: pytest.LogCaptureFixture) -> None:
+    app = make_app(anarchon_store="memory://", beat_schedule={"e": {"task": "t", "schedule": 1}})
+    with pytest.raises(SystemExit):
+        Scheduler(app)
+    assert "anarchon_store=memory:// is private to one process" in caplog.text
+
+
+def test_the_pickup_lease_must_exceed_the_lease(
+    caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
     app = make_app(
-        anarchon_store="memory://",
+        anarchon_store=f"sqlite:///{tmp_path / 's.db'}",
         anarchon_pickup=10,
         beat_schedule={"e": {"task": "t", "schedule": 60, "options": {"anarchon_lease": 30}}},
     )
