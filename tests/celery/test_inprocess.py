@@ -1,0 +1,266 @@
+"""The Celery scheduler with Celery's in-process test fixtures (``celery.contrib.pytest``).
+
+Beat is ``celery.beat.Service(...).scheduler`` ticked by the test, the worker
+is the embedded ``celery_worker`` (a thread, solo pool, memory broker), and
+the store is a SQLite file: what a user's own test of their periodic tasks
+looks like (see "Testing your periodic tasks" in docs/celery.md). Real time,
+on a 1 s grid.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery, beat
+from celery.result import AsyncResult
+
+from anarchon_celery import Scheduler
+from anarchon_core import RunState, Store, open_store
+
+# Celery's fixtures. Registered here, not in tests/celery/conftest.py: pytest accepts
+# pytest_plugins only in the top-level conftest. The plugin adds no autouse fixture,
+# so other modules are unaffected.
+pytest_plugins = ("celery.contrib.pytest",)
+
+Header = dict[str, Any]
+
+
+class Runs:
+    """What the test tasks saw, appended from the worker's thread."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str | None, Header | None]] = []
+        self.during: dict[str, Any] = {}
+
+    def slots(self, task: str = "record") -> list[str]:
+        return [h["slot_id"] for name, _, h in self.seen if name == task and h]
+
+
+@pytest.fixture(scope="session")
+def celery_config() -> dict[str, Any]:
+    """The test app's settings: the in-memory broker and result backend, polled often."""
+    return {
+        "broker_url": "memory://",
+        "broker_transport_options": {"polling_interval": 0.05},
+        "result_backend": "cache+memory://",
+    }
+
+
+@pytest.fixture
+def store_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path}/anarchon.db"
+
+
+@pytest.fixture
+def runs(celery_app: Celery, celery_worker: Any, store_url: str) -> Runs:
+    """Two tasks on the test app, known to the running worker: one records, one raises."""
+    runs = Runs()
+
+    @celery_app.task(bind=True, name="periodic.record")
+    def record(self: Any) -> None:
+        header = self.request.get("anarchon")
+        if header and header.get("tracked"):
+            # What the store says while the body runs.
+            with closing_store(store_url, header["namespace"]) as store:
+                runs.during[header["slot_id"]] = store.state(header["job"])
+        runs.seen.append(("record", self.request.id, header))
+
+    @celery_app.task(bind=True, name="periodic.boom")
+    def boom(self: Any) -> None:
+        runs.seen.append(("boom", self.request.id, self.request.get("anarchon")))
+        raise RuntimeError("boom")
+
+    celery_worker.reload()  # the worker started before these tasks existed
+    return runs
+
+
+@contextlib.contextmanager
+def closing_store(url: str, namespace: str) -> Iterator[Store]:
+    store = open_store(url, namespace=namespace)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def configure(app: Celery, store_url: str, schedule: dict[str, Any], **settings: Any) -> None:
+    app.conf.update(
+        beat_scheduler="anarchon_celery:Scheduler",
+        beat_schedule=schedule,
+        anarchon_store=store_url,
+        **settings,
+    )
+
+
+def beat_scheduler(app: Celery) -> Scheduler:
+    """The scheduler ``celery beat`` would build from the app's settings."""
+    scheduler = beat.Service(app, scheduler_cls=app.conf.beat_scheduler).scheduler
+    assert isinstance(scheduler, Scheduler)
+    return scheduler
+
+
+def drive(schedulers: list[Scheduler], until: Callable[[], bool], timeout: float) -> None:
+    """Tick each scheduler in its own thread, as separate beats do, until ``until()``."""
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def loop(scheduler: Scheduler) -> None:
+        try:
+            while not stop.is_set():
+                stop.wait(min(scheduler.tick(), 0.02))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=loop, args=(s,)) for s in schedulers]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_for(lambda: until() or bool(errors), timeout)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(5)
+    assert not errors, errors
+
+
+def wait_for(condition: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+@pytest.fixture
+def close_after() -> Iterator[list[Scheduler]]:
+    schedulers: list[Scheduler] = []
+    yield schedulers
+    for scheduler in reversed(schedulers):  # each restores the signal handlers it replaced
+        scheduler.close()
+
+
+def test_two_beats_on_one_store_send_each_slot_once(
+    celery_app: Celery, runs: Runs, store_url: str, close_after: list[Scheduler]
+) -> None:
+    # No jitter: both beats claim each slot at the same instant.
+    configure(
+        celery_app,
+        store_url,
+        {"record": {"task": "periodic.record", "schedule": 1}},
+        anarchon_jitter=0,
+    )
+    beats = [beat_scheduler(celery_app), beat_scheduler(celery_app)]
+    close_after.extend(beats)
+    started = time.time()
+    # Stop half-way between two slots, after at least two slots.
+    stop_at = int(started) + 2.5 + (started % 1 > 0.5)
+    drive(beats, lambda: time.time() > stop_at, timeout=5)
+    stats = [b.engine.stats if b.engine else {} for b in beats]
+    won = sum(s.get("won", 0) for s in stats)
+    assert wait_for(lambda: len(runs.slots()) >= won, 5), f"{won} slots sent, ran {runs.slots()}"
+    time.sleep(0.3)  # room for a second message of a slot to arrive
+
+    counts = Counter(runs.slots())
+    assert [s for s, n in counts.items() if n > 1] == [], f"slots run twice: {counts}"
+    # Every slot that came while both beats ticked ran, and was won by one beat only.
+    expected = {f"record@{s * 1000}" for s in range(int(started) + 1, int(stop_at) + 1)}
+    assert len(expected) >= 2
+    assert set(counts) == expected
+    assert won == len(expected)
+    # Both beats claimed every slot: the loser was told it was taken.
+    for s in stats:
+        assert s.get("won", 0) + s.get("taken", 0) == len(expected), stats
+
+
+def test_the_task_sees_its_slot_and_attempt(
+    celery_app: Celery, runs: Runs, store_url: str, close_after: list[Scheduler]
+) -> None:
+    configure(celery_app, store_url, {"record": {"task": "periodic.record", "schedule": 1}})
+    scheduler = beat_scheduler(celery_app)
+    close_after.append(scheduler)
+    drive([scheduler], lambda: bool(runs.seen), timeout=4)
+    assert wait_for(lambda: bool(runs.seen), 3), "the beat sent nothing"
+
+    name, task_id, header = runs.seen[0]
+    assert header is not None
+    job, _, slot_ms = header["slot_id"].partition("@")
+    assert (name, job, header["job"]) == ("record", "record", "record")
+    assert int(slot_ms) % 1000 == 0  # a point of the 1 s grid
+    assert header["namespace"] == celery_app.main
+    assert header["attempt"] == 1
+    assert isinstance(header["token"], int)
+    assert header["sent_by"].endswith(":beat")
+    assert task_id == f"anarchon:{celery_app.main}:{header['slot_id']}:1"
+
+    # The same task called in another way has no slot.
+    runs.seen.clear()
+    celery_app.tasks["periodic.record"].delay().get(timeout=5)
+    assert [(name, header) for name, _, header in runs.seen] == [("record", None)]
+
+
+def test_the_worker_holds_the_lease_and_finishes_the_slot(
+    celery_app: Celery, runs: Runs, store_url: str, close_after: list[Scheduler]
+) -> None:
+    configure(
+        celery_app,
+        store_url,
+        {
+            "record": {"task": "periodic.record", "schedule": 1},
+            "boom": {"task": "periodic.boom", "schedule": 1},
+        },
+        anarchon_lease=3,
+        anarchon_pickup=30,
+    )
+    scheduler = beat_scheduler(celery_app)
+    close_after.append(scheduler)
+    # The embedded worker announces its hooks; beat hands slots off once it has heard.
+    assert celery_app.conf.get("anarchon_worker_tracking") is True
+    assert wait_for(lambda: scheduler.tracking, 10), "beat never saw the worker's hooks"
+
+    drive([scheduler], lambda: len(runs.seen) >= 2, timeout=4)
+    namespace = celery_app.main
+    assert namespace is not None
+    with closing_store(store_url, namespace) as store:
+
+        def finished(job: str) -> bool:
+            state = store.state(job)
+            return state is not None and state.state is not RunState.RUNNING
+
+        assert wait_for(lambda: finished("record") and finished("boom"), 5)
+        record, boom = store.state("record"), store.state("boom")
+        assert record is not None and boom is not None
+        assert (record.state, boom.state) == (RunState.DONE, RunState.FAILED)
+        headers = {name: h for name, _, h in runs.seen if h}
+        slot, failed = headers["record"], headers["boom"]
+        assert slot["tracked"] is True
+        assert failed["tracked"] is True
+        # The very attempts the worker ran ended done and failed.
+        outcomes = {
+            (r.job, f"{r.job}@{r.slot_ms}", r.attempt): r.state
+            for job in ("record", "boom")
+            for r in store.history(job)
+        }
+        assert outcomes[("record", slot["slot_id"], 1)] is RunState.DONE
+        assert outcomes[("boom", failed["slot_id"], 1)] is RunState.FAILED
+
+    # While the body ran, the lease was the worker's (renewed to anarchon_lease),
+    # not the 30 s pickup lease the beat handed off with.
+    during = runs.during[slot["slot_id"]]
+    assert during.state is RunState.RUNNING
+    assert during.token == slot["token"]
+    assert 0 < during.lease_remaining <= 3
+
+    # The same message delivered again, after its attempt finished: skipped, revoked.
+    again = f"{slot['slot_id']}-again"
+    runs.seen.clear()
+    celery_app.tasks["periodic.record"].apply_async(task_id=again, headers={"anarchon": slot})
+    assert wait_for(lambda: AsyncResult(again, app=celery_app).state == "REVOKED", 5)
+    assert runs.seen == []
