@@ -1,9 +1,10 @@
 """The one error tree of anarchon.
 
 Every error the library raises on purpose derives from :class:`AnarchonError`,
-so ``except anarchon.AnarchonError`` catches them all. Two of them also derive
-from the builtin a Python programmer would reach for first: bad configuration
-is a :class:`ValueError`, a missing optional driver is an :class:`ImportError`.
+so ``except anarchon_core.AnarchonError`` catches them all (the distribution is
+``anarchon``; its package is ``anarchon_core``). Two of them also derive from
+the builtin a Python programmer would reach for first: bad configuration is a
+:class:`ValueError`, a missing optional driver is an :class:`ImportError`.
 """
 
 from __future__ import annotations

@@ -8,7 +8,9 @@ and a short history of runs. The engine changes that record only through the
 steps below. Each step is **one atomic operation on the server** (a Lua
 script, one SQL statement or transaction, one compare-and-set): never a read
 in Python followed by a write. Lease expiry is judged by the store's own
-clock, so instances whose clocks disagree cannot take a live lease early.
+clock, so instances whose clocks disagree cannot take a live lease early
+(NATS gives clients no clock: its store judges by the observer's monotonic
+clock instead, see :mod:`anarchon_core.stores.nats`).
 
 ``claim(job, slot, owner, lease)``
     Record that ``owner`` runs ``slot``, unless someone already does.

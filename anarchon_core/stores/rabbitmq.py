@@ -24,7 +24,8 @@ one reports TAKEN with no holder (the broker does not say who won).
 **There is no lease.** ``renew``, ``finish`` and ``release`` do nothing and
 return True, ``takeover`` is always TAKEN, and ``states``, ``history`` and
 ``jobs`` are empty: nothing is recorded but the queues. The engine knows this
-(``supports_lease = False``). The failure table (SPEC §4) on RabbitMQ:
+(``supports_lease = False``). The failure scenarios of ``docs/failure-scenarios.md``
+on RabbitMQ:
 
 - normal slot, N instances: exactly one runs it. **Holds.**
 - rolling deploy: claims are by slot id, no slot runs twice. **Holds.**
