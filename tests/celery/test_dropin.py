@@ -20,7 +20,7 @@ import subprocess
 import textwrap
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,7 @@ from celery.schedules import BaseSchedule, crontab, schedstate, schedule
 from anarchon_celery import Scheduler
 from anarchon_celery.schedules import read_entry
 from anarchon_core import ConfigurationError, RunState, open_store
+from tests.celery.ticking import drive
 from tests.pods import BIN, ROOT
 
 #: Not registered in the app: beat sends it with its own ``send_task``.
@@ -87,33 +88,6 @@ def closing() -> Iterator[list[Scheduler]]:
     yield schedulers
     for scheduler in schedulers:
         scheduler.close()
-
-
-def drive(schedulers: list[Scheduler], until: Callable[[], bool], timeout: float) -> None:
-    """Tick each scheduler in its own thread, as separate beats do, until ``until()``."""
-    stop = threading.Event()
-    errors: list[BaseException] = []
-
-    def loop(scheduler: Scheduler) -> None:
-        try:
-            while not stop.is_set():
-                stop.wait(min(scheduler.tick(), 0.05))
-        except BaseException as exc:  # reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=loop, args=(s,)) for s in schedulers]
-    for thread in threads:
-        thread.start()
-    deadline = time.monotonic() + timeout
-    try:
-        while not until() and time.monotonic() < deadline and not errors:
-            time.sleep(0.02)
-    finally:
-        stop.set()
-        for thread in threads:
-            thread.join(5)
-    assert not errors, errors
-    assert until(), f"not reached within {timeout}s"
 
 
 def every_second(**extra: Any) -> dict[str, Any]:

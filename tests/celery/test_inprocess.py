@@ -10,7 +10,6 @@ on a 1 s grid.
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -23,6 +22,7 @@ from celery.result import AsyncResult
 
 from anarchon_celery import Scheduler
 from anarchon_core import RunState, Store, open_store
+from tests.celery.ticking import drive
 
 # Celery's fixtures. Registered here, not in tests/celery/conftest.py: pytest accepts
 # pytest_plugins only in the top-level conftest. The plugin adds no autouse fixture,
@@ -104,30 +104,6 @@ def beat_scheduler(app: Celery) -> Scheduler:
     scheduler = beat.Service(app, scheduler_cls=app.conf.beat_scheduler).scheduler
     assert isinstance(scheduler, Scheduler)
     return scheduler
-
-
-def drive(schedulers: list[Scheduler], until: Callable[[], bool], timeout: float) -> None:
-    """Tick each scheduler in its own thread, as separate beats do, until ``until()``."""
-    stop = threading.Event()
-    errors: list[BaseException] = []
-
-    def loop(scheduler: Scheduler) -> None:
-        try:
-            while not stop.is_set():
-                stop.wait(min(scheduler.tick(), 0.02))
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=loop, args=(s,)) for s in schedulers]
-    for thread in threads:
-        thread.start()
-    try:
-        wait_for(lambda: until() or bool(errors), timeout)
-    finally:
-        stop.set()
-        for thread in threads:
-            thread.join(5)
-    assert not errors, errors
 
 
 def wait_for(condition: Callable[[], bool], timeout: float) -> bool:
