@@ -8,13 +8,15 @@ half-registered.
 from __future__ import annotations
 
 import inspect
-import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
+# ``anarchon_core.jobs.Duration`` and ``parse_duration`` stay importable from here.
+from .durations import Duration as Duration
+from .durations import parse_duration as parse_duration
 from .errors import ConfigurationError, LeaseLost
 from .schedules import Schedule
 
@@ -24,34 +26,6 @@ DEFAULT_LEASE = 10.0
 DEFAULT_JITTER = 1.0
 DEFAULT_WATCH = 0.5
 MAX_DEFAULT_CATCH_UP = 3600.0
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
-
-def parse_duration(name: str, value: float | int | str | timedelta) -> float:
-    """Seconds from a number, a :class:`timedelta` or a string like ``"30s"``, ``"1h"``."""
-    if isinstance(value, bool):
-        raise ConfigurationError(f"{name}={value!r}: expected a duration, not a bool")
-    if isinstance(value, timedelta):
-        seconds = value.total_seconds()
-    elif isinstance(value, (int, float)):
-        seconds = float(value)
-    elif isinstance(value, str):
-        match = _DURATION.match(value)
-        if not match:
-            raise ConfigurationError(
-                f"{name}={value!r}: expected a duration such as 10, '30s', '5m', '1h' or '2d'"
-            )
-        seconds = float(match.group(1)) * _UNITS[match.group(2) or "s"]
-    else:
-        raise ConfigurationError(f"{name}={value!r}: expected a duration in seconds")
-    if seconds != seconds or seconds < 0 or seconds == float("inf"):
-        raise ConfigurationError(f"{name}={value!r}: a duration must be finite and not negative")
-    return seconds
-
-
-Duration = float | int | str | timedelta
 
 
 @dataclass(frozen=True)

@@ -36,8 +36,9 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
 
 from .clock import Clock, SystemClock
+from .durations import Duration
 from .errors import ConfigurationError, StoreUnavailable
-from .jobs import Duration, Event, Job, JobOptions, Run
+from .jobs import Event, Job, JobOptions, Run
 from .schedules import from_ms, make_schedule, slot_id, to_ms
 from .store import Claim, ClaimRequest, ClaimStatus, JobState, RunState, Store
 

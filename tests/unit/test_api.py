@@ -8,7 +8,8 @@ import pytest
 
 import anarchon_core as anarchon
 from anarchon_core import ConfigurationError, MissingDependency, Scheduler
-from anarchon_core.jobs import JobOptions, parse_duration
+from anarchon_core.durations import parse_duration
+from anarchon_core.jobs import JobOptions
 from anarchon_core.stores.memory import MemoryStore
 from anarchon_core.urls import SCHEMES, open_store, redact
 

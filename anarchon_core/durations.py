@@ -1,0 +1,40 @@
+"""Durations: seconds from a number, a :class:`~datetime.timedelta` or a string like ``"30s"``.
+
+Job options, store options in URLs and integration settings all take
+durations in these forms, and all read them with :func:`parse_duration`.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+from .errors import ConfigurationError
+
+#: What a duration may be given as: seconds, a timedelta, or a string such as ``"30s"``.
+Duration = float | int | str | timedelta
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(name: str, value: float | int | str | timedelta) -> float:
+    """Seconds from a number, a :class:`timedelta` or a string like ``"30s"``, ``"1h"``."""
+    if isinstance(value, bool):
+        raise ConfigurationError(f"{name}={value!r}: expected a duration, not a bool")
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, (int, float)):
+        seconds = float(value)
+    elif isinstance(value, str):
+        match = _DURATION.match(value)
+        if not match:
+            raise ConfigurationError(
+                f"{name}={value!r}: expected a duration such as 10, '30s', '5m', '1h' or '2d'"
+            )
+        seconds = float(match.group(1)) * _UNITS[match.group(2) or "s"]
+    else:
+        raise ConfigurationError(f"{name}={value!r}: expected a duration in seconds")
+    if seconds != seconds or seconds < 0 or seconds == float("inf"):
+        raise ConfigurationError(f"{name}={value!r}: a duration must be finite and not negative")
+    return seconds
