@@ -44,6 +44,7 @@ from celery.beat import ScheduleEntry
 
 from anarchon_core import AnarchonError, ConfigurationError, Run
 from anarchon_core import Scheduler as Engine
+from anarchon_core.handoff import DEFAULT_PICKUP, HandOff, check_pickup
 from anarchon_core.jobs import Job, JobOptions, parse_duration
 from anarchon_core.scheduler import MAX_SLEEP
 from anarchon_core.schedules import make_schedule
@@ -65,7 +66,6 @@ BROKER_STORES = {
     "pyamqp": "amqp",
     "librabbitmq": "amqp",
 }
-DEFAULT_PICKUP = 300.0
 #: The longest close() waits for a scheduling step running in another thread.
 STEP_WAIT = 10.0
 
@@ -406,14 +406,9 @@ class Scheduler(celery_beat.Scheduler):  # type: ignore[misc]
             options = self._defaults.merged(**spec.overrides)
             schedule = make_schedule(every=spec.every, cron=spec.cron, timezone=spec.timezone)
             Job(name=spec.name, handler=_no_handler, schedule=schedule, options=options)
+            check_pickup(self.pickup, options.lease, name="anarchon_pickup")
         except ConfigurationError as exc:
             raise ConfigurationError(f"{where}: {exc}") from None
-        if self.pickup <= options.lease + 1:
-            # Backups tell a queued task from a running one by the lease length.
-            raise ConfigurationError(
-                f"{where}: anarchon_pickup={self.pickup:g} must exceed the lease"
-                f" ({options.lease:g}s) by more than a second"
-            )
         return spec
 
     def _apply_schedule(self, strict: bool = False) -> None:
@@ -500,18 +495,8 @@ class Scheduler(celery_beat.Scheduler):  # type: ignore[misc]
         options = dict(spec.options)
         headers = dict(options.get("headers") or {})
         headers["celery_beat_task"] = True
-        tracked = self.tracking
-        headers[HEADER] = {
-            "namespace": engine.namespace,
-            "job": run.job,
-            "slot_id": run.slot_id,
-            "attempt": run.attempt,
-            "token": run.token,
-            "tracked": tracked,
-            "lease": engine.jobs[run.job].options.lease,
-            "pickup": self.pickup,
-            "sent_by": engine.instance,
-        }
+        ticket = HandOff.for_run(engine, run, pickup=self.pickup, tracked=self.tracking)
+        headers[HEADER] = ticket.to_message()
         options["headers"] = headers
         options["task_id"] = task_id(engine.namespace, run.slot_id, run.attempt)
         entry = job.entry
@@ -528,9 +513,9 @@ class Scheduler(celery_beat.Scheduler):  # type: ignore[misc]
         )
         entry.last_run_at, entry.total_run_count = sent_at, sent.total_run_count
         producer = self.producer  # connects on the first send: a failure fails the slot
-        if tracked:
+        if ticket.tracked:
             # The worker that runs the task renews and finishes the slot from now on.
-            run.hand_off(self.pickup)
+            run.hand_off(ticket.pickup)
         sending = self._sending = _Sending()
         try:
             self.apply_entry(sent, producer=producer)

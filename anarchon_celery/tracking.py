@@ -1,7 +1,8 @@
 """Execution tracking: the worker running a slot's task holds the slot's lease.
 
-Beat sends each slot's task with a header (:data:`HEADER`) naming the slot,
-the attempt and its fencing token, then hands the slot's lease off to whoever
+Beat sends each slot's task with a header (:data:`HEADER`) carrying the
+slot's hand-off ticket (:class:`anarchon_core.handoff.HandOff`: the slot, the
+attempt and its fencing token), then hands the slot's lease off to whoever
 executes it (:meth:`anarchon_core.Run.hand_off`). In the worker, a wrapper
 around ``Task.__call__`` is installed at ``worker_init`` (this module is
 imported by the ``celery`` command in every process it starts, through the
@@ -32,11 +33,11 @@ from celery.app.task import Task
 from celery.exceptions import Ignore, Retry
 
 from anarchon_core import RunState
-from anarchon_core.executor import SkipWork, hand_over_all, take
+from anarchon_core.handoff import HandOff, SkipWork, release_all, take, tracked_ticket
 
 log = logging.getLogger(__name__)
 
-#: The message header (and ``task.request`` attribute) carrying slot, attempt and token.
+#: The message header (and ``task.request`` attribute) carrying the hand-off ticket.
 HEADER = "anarchon"
 #: Set in a worker's configuration when the wrapper is installed.
 FLAG = "anarchon_worker_tracking"
@@ -50,28 +51,28 @@ def task_id(namespace: str, slot_id: str, attempt: int) -> str:
 @signals.worker_process_shutdown.connect  # type: ignore[untyped-decorator]
 def _on_process_shutdown(**_: Any) -> None:
     """A cold shutdown ends tasks mid-run: hand their slots over to a backup at once."""
-    hand_over_all()
+    release_all()
 
 
-def _tracked(task: Task) -> dict[str, Any] | None:
+def _ticket(task: Task) -> HandOff | None:
+    """The hand-off of the task being called by the worker, if it is tracked."""
     request = task.request_stack.top
     if request is None or request.called_directly or len(task.request_stack) != 1:
         return None
-    info = getattr(request, HEADER, None)
-    return info if isinstance(info, dict) and info.get("tracked") else None
+    return tracked_ticket(getattr(request, HEADER, None))
 
 
 _original_call: Any = None
 
 
 def _call(self: Task, *args: Any, **kwargs: Any) -> Any:
-    info = _tracked(self)
-    if info is None:
+    ticket = _ticket(self)
+    if ticket is None:
         return _original_call(self, *args, **kwargs)
     from .scheduler import store_url
 
     try:
-        lease = take(store_url(self.app), info)
+        lease = take(store_url(self.app), ticket)
     except SkipWork as skip:
         if skip.stale:
             request = self.request_stack.top
@@ -80,20 +81,20 @@ def _call(self: Task, *args: Any, **kwargs: Any) -> Any:
     try:
         result = _original_call(self, *args, **kwargs)
     except Retry:
-        lease.end(None)
+        lease.keep_for_retry()
         raise
     except Ignore:
-        lease.end(RunState.DONE)
+        lease.finish(RunState.DONE)
         raise
     except Exception:
-        lease.end(RunState.FAILED)
+        lease.finish(RunState.FAILED)
         raise
     except BaseException:
         # Interrupted, not failed (a cold shutdown terminates the body): let a
         # backup run the slot again at once.
-        lease.hand_over()
+        lease.release()
         raise
-    lease.end(RunState.DONE)
+    lease.finish(RunState.DONE)
     return result
 
 

@@ -41,16 +41,23 @@ from dramatiq.middleware import MiddlewareError, Retries, SkipMessage
 
 from anarchon_core import AnarchonError, ConfigurationError, Job, JobOptions, Run, RunState
 from anarchon_core import Scheduler as Engine
-from anarchon_core.executor import ExecutionLease, SkipWork, take
+from anarchon_core.handoff import (
+    DEFAULT_PICKUP,
+    ExecutionLease,
+    HandOff,
+    SkipWork,
+    check_pickup,
+    take,
+    tracked_ticket,
+)
 from anarchon_core.jobs import Duration, parse_duration
 from anarchon_core.schedules import make_schedule
 from anarchon_core.urls import check_namespace, redact
 
 log = logging.getLogger(__name__)
 
-#: The message option carrying slot, attempt and token.
+#: The message option carrying the hand-off ticket.
 OPTION = "anarchon"
-DEFAULT_PICKUP = 300.0
 #: How often worker processes without the pod lock try to take it.
 LOCK_RETRY = 2.0
 #: Actor option -> job option.
@@ -228,11 +235,7 @@ class Anarchon(Middleware):
             every=spec.every, cron=spec.cron, timezone=spec.timezone, anchor=spec.anchor
         )
         job = Job(name, _noop, schedule, self.defaults.merged(**overrides))
-        if self.pickup <= job.options.lease + 1:
-            raise ConfigurationError(
-                f"pickup={self.pickup:g} must exceed the lease ({job.options.lease:g}s)"
-                " by more than a second"
-            )
+        check_pickup(self.pickup, job.options.lease)
         return Periodic(name, spec.every, spec.anchor, spec.cron, spec.timezone, overrides)
 
     # -- the scheduler --------------------------------------------------
@@ -270,22 +273,15 @@ class Anarchon(Middleware):
 
     def send(self, broker: Broker, engine: Engine, name: str, run: Run) -> None:
         """Send the actor's message for ``run``: its ``anarchon`` option names slot and attempt."""
-        tracked = engine.store.supports_lease
-        info = {
-            "namespace": engine.namespace,
-            "job": run.job,
-            "slot_id": run.slot_id,
-            "attempt": run.attempt,
-            "token": run.token,
-            "tracked": tracked,
-            "lease": engine.jobs[run.job].options.lease,
-            "pickup": self.pickup,
-            "sent_by": engine.instance,
-        }
-        message = broker.get_actor(name).message_with_options(args=(), kwargs={}, **{OPTION: info})
-        if tracked:
+        ticket = HandOff.for_run(
+            engine, run, pickup=self.pickup, tracked=engine.store.supports_lease
+        )
+        message = broker.get_actor(name).message_with_options(
+            args=(), kwargs={}, **{OPTION: ticket.to_message()}
+        )
+        if ticket.tracked:
             # The worker that processes the message renews and finishes the slot from now on.
-            run.hand_off(self.pickup)
+            run.hand_off(ticket.pickup)
         broker.enqueue(message)
 
     def after_worker_boot(self, broker: Broker, worker: Worker) -> None:
@@ -343,11 +339,11 @@ class Anarchon(Middleware):
 
     def before_process_message(self, broker: Broker, message: Any) -> None:
         """Take the slot's lease with the message's token; skip a stale attempt."""
-        info = message.options.get(OPTION)
-        if not isinstance(info, dict) or not info.get("tracked"):
+        ticket = tracked_ticket(message.options.get(OPTION))
+        if ticket is None:
             return
         try:
-            lease = take(self.store_url(broker), info)
+            lease = take(self.store_url(broker), ticket)
         except SkipWork as skip:
             raise SkipMessage(str(skip)) from skip
         with self._lock:
@@ -362,21 +358,23 @@ class Anarchon(Middleware):
             if held is not None:
                 self._leases[id(message)] = (held[0], exception is not None)
         if held is not None:
-            held[0].pause()
+            held[0].stop_renewing()
 
     def after_ack(self, broker: Broker, message: Any) -> None:
         with self._lock:
             held = self._leases.pop(id(message), None)
         if held is not None:
             lease, raised = held
-            retried = raised and any(isinstance(m, Retries) for m in broker.middleware)
-            lease.end(None if retried else RunState.FAILED if raised else RunState.DONE)
+            if raised and any(isinstance(m, Retries) for m in broker.middleware):
+                lease.keep_for_retry()
+            else:
+                lease.finish(RunState.FAILED if raised else RunState.DONE)
 
     def after_nack(self, broker: Broker, message: Any) -> None:
         with self._lock:
             held = self._leases.pop(id(message), None)
         if held is not None:
-            held[0].end(RunState.FAILED)
+            held[0].finish(RunState.FAILED)
 
 
 def _noop() -> None:

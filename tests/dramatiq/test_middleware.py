@@ -11,6 +11,7 @@ from dramatiq.brokers.redis import RedisBroker
 from dramatiq.brokers.stub import StubBroker
 
 from anarchon_core import ConfigurationError, Run
+from anarchon_core.handoff import HandOff
 from anarchon_core.stores.memory import MemoryStore
 from anarchon_dramatiq import Anarchon, ScheduleError, every
 from anarchon_dramatiq.middleware import broker_store_url
@@ -132,6 +133,22 @@ def tracked_message(store_url: str, namespace: str, token: int) -> dramatiq.Mess
     return dramatiq.Message(
         queue_name="default", actor_name="sync", args=(), kwargs={}, options={"anarchon": info}
     )
+
+
+def test_the_hand_off_ticket_reads_and_writes_the_option_as_sent() -> None:
+    """The same dict, key for key, as every version sends: old and new workers read it."""
+    info = {
+        "namespace": "t",
+        "job": "sync",
+        "slot_id": "sync@1700000000000",
+        "attempt": 2,
+        "token": 7,
+        "tracked": True,
+        "lease": 5.0,
+        "pickup": 60.0,
+        "sent_by": "host:1:dq",
+    }
+    assert list(HandOff.from_message(info).to_message().items()) == list(info.items())
 
 
 @pytest.fixture

@@ -1,0 +1,237 @@
+"""Hand-offs: the ticket a dispatcher sends with a slot's work, and the worker's side of it.
+
+A scheduler that only dispatches work (Celery beat, a Dramatiq scheduler)
+hands each slot off to whoever executes the work (see
+:meth:`anarchon_core.Run.hand_off`): it extends the slot's lease to the
+pickup lease and sends a :class:`HandOff` ticket with the work. The worker
+that executes it takes the lease with the ticket's token (:func:`take`):
+a refusal means a later attempt was sent, so the work must not run. It then
+renews the lease while the work runs, and finishes the slot, keeps it for a
+retry, or releases it at once when the process goes down mid-run.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from .errors import AnarchonError, ConfigurationError
+from .store import RunState, Store
+from .urls import open_store
+
+if TYPE_CHECKING:
+    from .jobs import Run
+    from .scheduler import Scheduler
+
+log = logging.getLogger(__name__)
+
+#: How long a sent message may wait for a worker by default, in seconds.
+DEFAULT_PICKUP = 300.0
+#: By how much (seconds) a pickup lease must exceed the job's own lease.
+PICKUP_MARGIN = 1.0
+
+
+def is_pickup_lease(length: float, lease: float) -> bool:
+    """Whether a lease of ``length`` seconds is a pickup lease for a job whose lease is ``lease``.
+
+    Backups tell a handed-off slot waiting for its worker from one being run by
+    the lease length alone: a pickup lease exceeds the job's by more than
+    :data:`PICKUP_MARGIN`.
+    """
+    return length > lease + PICKUP_MARGIN
+
+
+def check_pickup(pickup: float, lease: float, *, name: str = "pickup") -> None:
+    """Refuse a pickup lease that backups could not tell from the job's ``lease``."""
+    if not is_pickup_lease(pickup, lease):
+        raise ConfigurationError(
+            f"{name}={pickup:g} must exceed the lease ({lease:g}s) by more than a second"
+        )
+
+
+@dataclass(frozen=True)
+class HandOff:
+    """The ticket sent with a slot's work: which slot, which attempt, and how to take it.
+
+    ``token`` is the attempt's fencing token; ``lease`` is the job's lease
+    (the worker renews with it) and ``pickup`` the lease the slot holds until
+    a worker takes it. ``tracked`` is false when the dispatcher finished the
+    slot itself (dispatch-only): the worker then has nothing to take.
+    ``sent_by`` names the dispatching instance.
+    """
+
+    namespace: str
+    job: str
+    slot_id: str
+    attempt: int
+    token: int
+    tracked: bool
+    lease: float
+    pickup: float
+    sent_by: str = ""
+
+    @classmethod
+    def for_run(cls, engine: Scheduler, run: Run, *, pickup: float, tracked: bool) -> HandOff:
+        """The ticket of ``run``, a slot ``engine`` won, to send with the slot's work."""
+        return cls(
+            namespace=engine.namespace,
+            job=run.job,
+            slot_id=run.slot_id,
+            attempt=run.attempt,
+            token=run.token,
+            tracked=tracked,
+            lease=engine.jobs[run.job].options.lease,
+            pickup=pickup,
+            sent_by=engine.instance,
+        )
+
+    def to_message(self) -> dict[str, Any]:
+        """The ticket as sent in a message (a Celery header, a Dramatiq option)."""
+        return asdict(self)
+
+    @classmethod
+    def from_message(cls, info: Mapping[str, Any]) -> HandOff:
+        """The ticket a message carries (``pickup`` defaults to ``lease``)."""
+        lease = float(info["lease"])
+        return cls(
+            namespace=str(info["namespace"]),
+            job=str(info["job"]),
+            slot_id=str(info["slot_id"]),
+            attempt=int(info["attempt"]),
+            token=int(info["token"]),
+            tracked=bool(info.get("tracked")),
+            lease=lease,
+            pickup=float(info.get("pickup", lease)),
+            sent_by=str(info.get("sent_by", "")),
+        )
+
+
+def tracked_ticket(info: Any) -> HandOff | None:
+    """The ticket of a message whose worker must take the slot's lease, else None."""
+    if not isinstance(info, dict) or not info.get("tracked"):
+        return None
+    return HandOff.from_message(info)
+
+
+_NOT_FINISHED = "anarchon: could not finish %s: %s"
+_stores: dict[tuple[str, str], Store] = {}
+_stores_lock = threading.Lock()
+#: Leases held by work running in this process, released if it goes down.
+_running: set[ExecutionLease] = set()
+
+
+def store_for(url: str, namespace: str) -> Store:
+    """This process's store for ``url`` and ``namespace``, opened once (after any fork)."""
+    key = (url, namespace)
+    with _stores_lock:
+        if key not in _stores:
+            _stores[key] = open_store(url, namespace=namespace)
+        return _stores[key]
+
+
+class ExecutionLease:
+    """The lease of one slot's work, as the worker executing it holds it."""
+
+    def __init__(self, store: Store, ticket: HandOff) -> None:
+        self.ticket = ticket
+        self.store = store
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def pick_up(self) -> bool:
+        """Renew with the ticket's token, then keep renewing; False if the attempt is stale."""
+        ticket = self.ticket
+        if not self.store.renew(ticket.job, ticket.token, ticket.lease):
+            return False
+        self._thread = threading.Thread(
+            target=self._keep_renewing, name=f"anarchon:{ticket.slot_id}", daemon=True
+        )
+        self._thread.start()
+        _running.add(self)
+        return True
+
+    def _keep_renewing(self) -> None:
+        ticket = self.ticket
+        while not self._stop.wait(ticket.lease / 3):
+            try:
+                if not self.store.renew(ticket.job, ticket.token, ticket.lease):
+                    log.warning("anarchon: %s lost its lease while running", ticket.slot_id)
+                    return
+            except AnarchonError as exc:
+                log.warning("anarchon: could not renew %s: %s", ticket.slot_id, exc)
+
+    def stop_renewing(self) -> None:
+        """Stop renewing (the work returned; its outcome may come later)."""
+        _running.discard(self)
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def finish(self, outcome: RunState) -> None:
+        """Stop renewing and finish the slot as ``outcome``."""
+        t = self.ticket
+        finish = partial(self.store.finish, t.job, t.token, outcome)
+        if self._last_step(finish, _NOT_FINISHED) is False:
+            log.warning("anarchon: %s finished after losing its lease", t.slot_id)
+
+    def keep_for_retry(self) -> None:
+        """Stop renewing and hold the slot with the pickup lease, for the retried message."""
+        t = self.ticket
+        self._last_step(partial(self.store.renew, t.job, t.token, t.pickup), _NOT_FINISHED)
+
+    def release(self) -> None:
+        """Release the lease at once (the process goes down mid-run): a backup runs it again."""
+        t = self.ticket
+        failure = "anarchon: could not hand %s over: %s"
+        if self._last_step(partial(self.store.release, t.job, t.token), failure):
+            log.warning("anarchon: %s handed over: stopped mid-run", t.slot_id)
+
+    def _last_step(self, step: Callable[[], bool], failure: str) -> bool | None:
+        """Stop renewing, then ``step``'s answer; None if the store failed (logged: ``failure``)."""
+        self.stop_renewing()
+        try:
+            return step()
+        except AnarchonError as exc:
+            log.warning(failure, self.ticket.slot_id, exc)
+            return None
+
+
+class SkipWork(Exception):
+    """The work must not run: its attempt is stale, or the store cannot tell."""
+
+    def __init__(self, reason: str, *, stale: bool) -> None:
+        super().__init__(reason)
+        self.stale = stale
+
+
+def take(url: str, ticket: HandOff) -> ExecutionLease:
+    """Take the lease of handed-off work before it runs, or raise :class:`SkipWork`.
+
+    Never runs what may have been sent again: when the store cannot be asked,
+    the work is skipped too (left unpicked, it is not sent again; the job's
+    next slot supersedes it).
+    """
+    try:
+        lease = ExecutionLease(store_for(url, ticket.namespace), ticket)
+        current = lease.pick_up()
+    except AnarchonError as exc:
+        log.warning("anarchon: skipping %s, the store is unavailable: %s", ticket.slot_id, exc)
+        raise SkipWork(str(exc), stale=False) from exc
+    if not current:
+        log.warning(
+            "anarchon: skipping %s attempt %s: a later attempt of this slot was sent",
+            ticket.slot_id,
+            ticket.attempt,
+        )
+        raise SkipWork("stale anarchon attempt", stale=True)
+    return lease
+
+
+def release_all() -> None:
+    """Release every lease held by work running in this process (a cold shutdown)."""
+    for lease in list(_running):
+        lease.release()
