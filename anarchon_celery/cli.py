@@ -18,7 +18,7 @@ from anarchon_core.cli import status as print_status
 from anarchon_core.urls import redact
 
 from . import tracking  # noqa: F401 - connects the worker hooks
-from .scheduler import namespace_of, store_url
+from .settings import namespace_of, store_url
 
 
 @click.group(name="anarchon", help="anarchon: the shared schedule of beat_schedule entries.")

@@ -140,9 +140,14 @@ def _field(value: Any) -> str:
     return str(value).replace(" ", "")
 
 
-def _overridden(value: BaseSchedule, base: type) -> list[str]:
-    """The methods of ``value``'s class that change, from ``base``'s, when it is due."""
-    return [m for m in _DUE_METHODS[base] if getattr(type(value), m) is not getattr(base, m)]
+def _refuse_overrides(where: str, value: BaseSchedule, base: type) -> None:
+    """Refuse ``value`` if its class changes, from ``base``'s, when it is due."""
+    overridden = [m for m in _DUE_METHODS[base] if getattr(type(value), m) is not getattr(base, m)]
+    if overridden:
+        raise ConfigurationError(
+            f"{where}: {type(value).__name__} overrides {', '.join(overridden)}, so anarchon"
+            f" cannot compute its slots the same on every beat: {_USE_INSTEAD}"
+        )
 
 
 def _cron(where: str, value: crontab) -> str:
@@ -194,12 +199,7 @@ def _schedule(
             " the same slots from the clock alone): use crontab(...) at a fixed time instead"
         )
     if isinstance(value, crontab):
-        overridden = _overridden(value, crontab)
-        if overridden:
-            raise ConfigurationError(
-                f"{where}: {kind} overrides {', '.join(overridden)}, so anarchon cannot compute"
-                f" its slots the same on every beat: {_USE_INSTEAD}"
-            )
+        _refuse_overrides(where, value, crontab)
         if value.nowfun is not None:
             raise ConfigurationError(
                 f"{where}: crontab(nowfun=...) is not supported: slots are computed from the"
@@ -207,12 +207,7 @@ def _schedule(
             )
         return None, _cron(where, value), _timezone(where, value, app_timezone)
     if isinstance(value, schedule):
-        overridden = _overridden(value, schedule)
-        if overridden:
-            raise ConfigurationError(
-                f"{where}: {kind} overrides {', '.join(overridden)}, so anarchon cannot compute"
-                f" its slots the same on every beat: {_USE_INSTEAD}"
-            )
+        _refuse_overrides(where, value, schedule)
         return value.run_every.total_seconds(), None, None
     raise ConfigurationError(
         f"{where}: unsupported schedule {value!r} ({kind}): anarchon computes every slot from"

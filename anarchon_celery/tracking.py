@@ -35,6 +35,8 @@ from celery.exceptions import Ignore, Retry
 from anarchon_core import RunState
 from anarchon_core.handoff import HandOff, SkipWork, release_all, take, tracked_ticket
 
+from .settings import store_url
+
 log = logging.getLogger(__name__)
 
 #: The message header (and ``task.request`` attribute) carrying the hand-off ticket.
@@ -69,8 +71,6 @@ def _call(self: Task, *args: Any, **kwargs: Any) -> Any:
     ticket = _ticket(self)
     if ticket is None:
         return _original_call(self, *args, **kwargs)
-    from .scheduler import store_url
-
     try:
         lease = take(store_url(self.app), ticket)
     except SkipWork as skip:

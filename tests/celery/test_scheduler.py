@@ -10,8 +10,8 @@ from celery import Celery
 from celery.schedules import crontab, schedule, solar
 
 from anarchon_celery import Scheduler
-from anarchon_celery.scheduler import namespace_of, store_url
 from anarchon_celery.schedules import read_entry
+from anarchon_celery.settings import namespace_of, store_url
 from anarchon_celery.tracking import task_id
 from anarchon_core import ConfigurationError
 

@@ -1,0 +1,162 @@
+"""Beat's schedule as the engine's jobs: each entry added, changed, removed, or refused once.
+
+Beat's ``schedule`` dict may change at any time (``add()``,
+``update_from_dict()``, or code that edits it directly). :class:`EntryJobs`
+compares it with what the engine schedules and brings the engine in line: an
+entry whose fields changed becomes a new job; an invalid entry is logged once
+and left unscheduled until it changes again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from celery import Celery
+from celery.beat import ScheduleEntry
+
+from anarchon_core import ConfigurationError, Job, Run
+from anarchon_core import Scheduler as Engine
+from anarchon_core.handoff import check_pickup
+from anarchon_core.schedules import make_schedule
+
+from .schedules import Entry, read_schedule_entry
+from .settings import BeatSettings, timezone_of
+
+log = logging.getLogger(__name__)
+
+
+def entry_fields(entry: ScheduleEntry) -> tuple[Any, ...]:
+    """What makes an entry's job: compared to notice an entry changed in place."""
+    args, kwargs, options = entry.args or (), entry.kwargs or {}, entry.options or {}
+    return (
+        entry.task,
+        tuple(args) if isinstance(args, (list, tuple)) else args,
+        dict(kwargs) if isinstance(kwargs, Mapping) else kwargs,
+        dict(options) if isinstance(options, Mapping) else options,
+        entry.schedule,
+    )
+
+
+@dataclass
+class ScheduledEntry:
+    """An entry of ``schedule`` as scheduled: the entry, its fields then, anarchon's reading."""
+
+    entry: ScheduleEntry
+    seen: tuple[Any, ...]
+    spec: Entry
+
+
+def _no_handler() -> None:
+    """Stands for a job's handler while an entry is checked."""
+
+
+def check_entry(
+    entry: ScheduleEntry, where: str, app: Celery, settings: BeatSettings | None
+) -> Entry:
+    """anarchon's reading of ``entry``, or a ConfigurationError naming it.
+
+    Without ``settings`` (beat not set up yet), only the entry's own fields
+    are checked: the settings are checked with it at setup.
+    """
+    spec = read_schedule_entry(entry, timezone_of(app), where)
+    if settings is None:
+        return spec
+    try:
+        options = settings.defaults.merged(**spec.overrides)
+        schedule = make_schedule(every=spec.every, cron=spec.cron, timezone=spec.timezone)
+        Job(name=spec.name, handler=_no_handler, schedule=schedule, options=options)
+        check_pickup(settings.pickup, options.lease, name="anarchon_pickup")
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"{where}: {exc}") from None
+    return spec
+
+
+#: Makes the handler of an entry's job: it sends the entry's task for each run.
+Dispatcher = Callable[[ScheduledEntry, Engine], Callable[[Run], None]]
+
+
+class EntryJobs:
+    """The jobs of one engine, kept in line with beat's ``schedule``."""
+
+    def __init__(
+        self, engine: Engine, app: Celery, settings: BeatSettings, dispatcher: Dispatcher
+    ) -> None:
+        self.engine = engine
+        self.app = app
+        self.settings = settings
+        self.jobs: dict[str, ScheduledEntry] = {}
+        self._refused: dict[str, tuple[Any, ...]] = {}
+        self._dispatcher = dispatcher
+
+    def apply(self, schedule: Mapping[str, Any], strict: bool = False) -> None:
+        """Make the engine's jobs those of ``schedule``: add, replace and remove.
+
+        ``strict``: raise on an invalid entry; otherwise it is logged (once) and
+        left unscheduled.
+        """
+        current = dict(schedule)
+        for name in [n for n in self.jobs if n not in current]:
+            self._remove(name)
+            log.info("anarchon: entry %s removed", name)
+        for name, entry in current.items():
+            job = self.jobs.get(name)
+            if isinstance(entry, ScheduleEntry):
+                seen = entry_fields(entry)
+                if job is not None and seen == job.seen:
+                    job.entry = entry  # an equal entry (beat's reserve() replaces them)
+                    continue
+                if self._refused.get(name) == seen:
+                    continue
+            else:
+                seen = (entry,)
+            try:
+                new = self._schedule(name, entry, seen, job)
+            except ConfigurationError as exc:
+                if strict:
+                    raise
+                self._refused[name] = seen
+                if name in self.jobs:
+                    self._remove(name)
+                log.error("anarchon: %s; the entry is not scheduled", exc)
+                continue
+            if new is None:
+                continue
+            self._refused.pop(name, None)
+            self.jobs[name] = new
+            if not strict:
+                log.info("anarchon: entry %s %s", name, "changed" if job else "added")
+
+    def _schedule(
+        self, name: str, entry: Any, seen: tuple[Any, ...], job: ScheduledEntry | None
+    ) -> ScheduledEntry | None:
+        """The new job of ``entry`` (replacing ``job``), or None if ``job`` still fits it."""
+        where = f"beat_schedule[{name!r}]"
+        if not isinstance(entry, ScheduleEntry):
+            got = type(entry).__name__
+            raise ConfigurationError(f"{where}: expected a ScheduleEntry, not {got}")
+        spec = check_entry(entry, where, self.app, self.settings)
+        if job is not None and spec == job.spec:
+            job.entry, job.seen = entry, seen
+            return None
+        if job is not None:
+            self._remove(name)
+        new = ScheduledEntry(entry, seen, spec)
+        try:
+            self.engine.add_job(
+                self._dispatcher(new, self.engine),
+                name=name,
+                every=spec.every,
+                cron=spec.cron,
+                timezone=spec.timezone,
+                **spec.overrides,
+            )
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"{where}: {exc}") from None
+        return new
+
+    def _remove(self, name: str) -> None:
+        self.engine.remove_job(name)
+        del self.jobs[name]

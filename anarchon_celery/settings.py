@@ -1,0 +1,124 @@
+"""The ``anarchon_*`` settings of a Celery app: where they are read, their defaults, their refusals.
+
+All are optional but the store, which defaults to the broker itself when the
+broker is Redis/Valkey or RabbitMQ:
+
+``anarchon_store``      store URL (``redis://``, ``postgresql://``, ...)
+``anarchon_namespace``  default: the app's name (``app.main``), else ``celery``
+``anarchon_lease``      seconds a claim holds without renewal (default 10)
+``anarchon_jitter``     bound of the random delay before claiming (default 1)
+``anarchon_catch_up``   how late a slot may still be sent (default: one interval, at most 1 h)
+``anarchon_tracking``   whether workers track execution (default True, see tracking.py)
+``anarchon_pickup``     how long a sent task may wait in the queue for a worker
+                        (default 300 s); one never picked up is not sent again
+
+Beat settings that could not take effect with anarchon are refused rather
+than ignored: a loop interval longer than the engine's longest sleep, and
+``beat_cron_starting_deadline``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from celery import Celery
+
+from anarchon_core import ConfigurationError, JobOptions
+from anarchon_core.durations import parse_duration
+from anarchon_core.handoff import DEFAULT_PICKUP
+from anarchon_core.scheduler import MAX_SLEEP
+from anarchon_core.urls import redact
+
+#: Broker URL schemes whose server can also serve as the store.
+BROKER_STORES = {
+    "redis": "redis",
+    "rediss": "rediss",
+    "valkey": "valkey",
+    "valkeys": "valkeys",
+    "amqp": "amqp",
+    "amqps": "amqps",
+    "pyamqp": "amqp",
+    "librabbitmq": "amqp",
+}
+
+
+def store_url(app: Celery) -> str:
+    """``anarchon_store``, else the broker's URL when the broker can serve as a store."""
+    configured = app.conf.get("anarchon_store")
+    if configured:
+        if str(configured).partition("://")[0].lower() == "memory":
+            # Each process (each beat, each worker) would open a store of its own.
+            raise ConfigurationError(
+                "anarchon_store=memory:// is private to one process: beats and workers would"
+                " share no slot; use a shared store (a sqlite:/// file in tests)"
+            )
+        return str(configured)
+    broker = app.conf.broker_url or "amqp://guest:guest@localhost:5672//"
+    if isinstance(broker, (list, tuple)):
+        broker = broker[0]
+    broker = str(broker).split(";", 1)[0].strip()
+    scheme, _, rest = broker.partition("://")
+    if scheme.lower() in BROKER_STORES:
+        return f"{BROKER_STORES[scheme.lower()]}://{rest}"
+    raise ConfigurationError(
+        f"anarchon_store is not set and the broker ({redact(broker)}) cannot serve as the"
+        " store: set anarchon_store to a store URL (redis://, postgresql://, nats://, ...)"
+    )
+
+
+def namespace_of(app: Celery) -> str:
+    """``anarchon_namespace``, else the app's name, else ``celery``."""
+    return str(app.conf.get("anarchon_namespace") or app.main or "celery")
+
+
+def timezone_of(app: Celery) -> str:
+    """The app's time zone, in which ``crontab`` entries are read."""
+    return str(app.conf.timezone or "UTC")
+
+
+@dataclass(frozen=True)
+class BeatSettings:
+    """The settings beat reads at setup, validated.
+
+    ``defaults``: every entry's job options (``anarchon_lease``,
+    ``anarchon_jitter``, ``anarchon_catch_up``); ``pickup``: the pickup lease
+    of a tracked send; ``tracking``: whether beat may hand slots off to workers.
+    """
+
+    defaults: JobOptions
+    pickup: float = DEFAULT_PICKUP
+    tracking: bool = True
+
+
+def read_settings(app: Celery, loop_interval: Any = None) -> BeatSettings:
+    """The app's settings for beat, or a ConfigurationError naming the wrong one.
+
+    ``loop_interval``: the loop interval the user chose (``--max-interval`` or
+    ``beat_max_loop_interval``), if any.
+    """
+    refuse_ineffective(app, loop_interval)
+    conf = app.conf
+    pickup = parse_duration("anarchon_pickup", conf.get("anarchon_pickup", DEFAULT_PICKUP))
+    defaults = JobOptions.build(
+        lease=conf.get("anarchon_lease"),
+        jitter=conf.get("anarchon_jitter"),
+        catch_up=conf.get("anarchon_catch_up"),
+    )
+    return BeatSettings(defaults, pickup, bool(conf.get("anarchon_tracking", True)))
+
+
+def refuse_ineffective(app: Celery, loop_interval: Any = None) -> None:
+    """Refuse the beat settings that the user set and that could not take effect."""
+    if loop_interval and float(loop_interval) > MAX_SLEEP:
+        raise ConfigurationError(
+            f"a loop interval of {float(loop_interval):g}s (beat_max_loop_interval or"
+            f" --max-interval) cannot take effect: beat checks the schedule at least every"
+            f" {MAX_SLEEP:g}s with anarchon_celery; remove the setting"
+        )
+    if app.conf.get("beat_cron_starting_deadline") is not None:
+        raise ConfigurationError(
+            "beat_cron_starting_deadline is not supported: how late a missed slot may"
+            " still be sent is set by anarchon_catch_up (for one entry, its"
+            " anarchon_catch_up option); remove beat_cron_starting_deadline"
+        )
