@@ -19,6 +19,7 @@ from .durations import Duration as Duration
 from .durations import parse_duration as parse_duration
 from .errors import ConfigurationError, LeaseLost
 from .schedules import Schedule
+from .slots import Slot
 
 #: Defaults of every job option, in seconds (``renew`` defaults to lease / 3,
 #: ``catch_up`` to one interval capped at one hour).
@@ -173,6 +174,18 @@ class Run:
         self._reason = ""
         self._hand_off: float | None = None
         self._extend: Callable[[float], bool] | None = None
+
+    @classmethod
+    def of(cls, slot: Slot, *, attempt: int, token: int, instance: str) -> Run:
+        """The run of ``slot``: its ``job``, ``slot`` and ``slot_id`` all come from it."""
+        return cls(
+            job=slot.job,
+            slot=slot.time,
+            slot_id=slot.id,
+            attempt=attempt,
+            token=token,
+            instance=instance,
+        )
 
     @property
     def lost(self) -> bool:

@@ -39,7 +39,8 @@ from .clock import Clock, SystemClock
 from .durations import Duration
 from .errors import ConfigurationError, StoreUnavailable
 from .jobs import Event, Job, JobOptions, Run
-from .schedules import from_ms, make_schedule, slot_id, to_ms
+from .schedules import make_schedule
+from .slots import Slot
 from .store import Claim, ClaimRequest, ClaimStatus, JobState, RunState, Store
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,7 @@ def default_instance() -> str:
 class _Active:
     """A run this instance holds."""
 
+    slot: Slot
     run: Run
     next_renew: float
     last_renewed: float
@@ -93,7 +95,7 @@ class _Active:
 class _Watch:
     """A slot this instance backs up, and what it has seen of its lease."""
 
-    slot_ms: int
+    slot: Slot
     token: int
     next_check: float
     #: The furthest lease end seen for this token, on this instance's monotonic clock.
@@ -128,12 +130,21 @@ class _Runtime:
 
     def __init__(self, job: Job) -> None:
         self.job = job
-        self.next_slot: datetime | None = None
+        self.next_slot: Slot | None = None
         self.claim_at = 0.0
         self.watch: _Watch | None = None
         self.active: _Active | None = None
         self.ready = False
         self.removed = False
+
+    def slot_after(self, t: datetime) -> Slot:
+        """The job's first slot strictly after ``t``."""
+        return Slot(self.job.name, self.job.schedule.next_after(t))
+
+    def slot_at_or_before(self, t: datetime) -> Slot | None:
+        """The job's last slot at or before ``t``."""
+        latest = self.job.schedule.latest_at_or_before(t)
+        return None if latest is None else Slot(self.job.name, latest)
 
 
 class Scheduler:
@@ -445,17 +456,17 @@ class Scheduler:
         now = self._now()
         for rt in new:
             rt.ready = True
-            previous = rt.job.schedule.latest_at_or_before(now)
+            previous = rt.slot_at_or_before(now)
             record = states.get(rt.job.name)
-            rt.next_slot = rt.job.schedule.next_after(now)
+            rt.next_slot = rt.slot_after(now)
             if record is None or previous is None:
                 # A job never seen before starts with its next slot, not a catch-up.
                 pass
-            elif record.slot_ms == to_ms(previous):
+            elif record.slot_ms == previous.ms:
                 self._watch(rt, record)
             elif (
-                record.slot_ms < to_ms(previous)
-                and self._lateness(previous) <= rt.job.catch_up_for(previous)
+                record.slot_ms < previous.ms
+                and self._lateness(previous) <= rt.job.catch_up_for(previous.time)
                 # A slot that came while the previous run still held its lease was
                 # skipped as an overlap, not missed: it is not caught up.
                 and record.lease_remaining + self._lateness(previous) <= 0
@@ -466,13 +477,13 @@ class Scheduler:
     def _now(self) -> datetime:
         return datetime.fromtimestamp(self._clock.time(), timezone.utc)
 
-    def _lateness(self, slot: datetime) -> float:
-        return self._clock.time() - slot.timestamp()
+    def _lateness(self, slot: Slot) -> float:
+        return self._clock.time() - slot.time.timestamp()
 
     def _place(self, rt: _Runtime) -> None:
         """Set when this instance claims ``rt.next_slot``: the slot time plus jitter."""
         assert rt.next_slot is not None
-        slot_ms = to_ms(rt.next_slot)
+        slot_ms = rt.next_slot.ms
         offset = self._tick_offsets.get(slot_ms)
         if offset is None:
             # One draw per slot time, shared by the jobs due then, so they batch.
@@ -480,43 +491,41 @@ class Scheduler:
             if len(self._tick_offsets) > 4096:
                 for old in sorted(self._tick_offsets)[:2048]:
                     del self._tick_offsets[old]
-        rt.claim_at = rt.next_slot.timestamp() + offset * rt.job.jitter
+        rt.claim_at = rt.next_slot.time.timestamp() + offset * rt.job.jitter
 
     def _claim_due(self) -> None:
         now = self._clock.time()
-        due: list[tuple[_Runtime, datetime]] = []
+        due: list[tuple[_Runtime, Slot]] = []
         for rt in self._snapshot():
             if rt.next_slot is None or rt.claim_at > now:
                 continue
             slot = rt.next_slot
-            latest = rt.job.schedule.latest_at_or_before(self._now())
-            if latest is not None and latest > slot:
+            latest = rt.slot_at_or_before(self._now())
+            if latest is not None and latest.time > slot.time:
                 # Slots passed while this instance could not claim (paused, store down):
                 # only the most recent one may still be claimed, never a backlog.
-                self._emit("missed", rt.job.name, slot_id(rt.job.name, slot), None, "skipped")
+                self._emit("missed", rt.job.name, slot.id, None, "skipped")
                 slot = rt.next_slot = latest
-            limit = max(rt.job.catch_up_for(slot), rt.job.jitter + ON_TIME)
-            if now - slot.timestamp() > limit:
-                self._emit("missed", rt.job.name, slot_id(rt.job.name, slot), None, "too late")
+            limit = max(rt.job.catch_up_for(slot.time), rt.job.jitter + ON_TIME)
+            if now - slot.time.timestamp() > limit:
+                self._emit("missed", rt.job.name, slot.id, None, "too late")
                 self._advance(rt, slot)
                 continue
             due.append((rt, slot))
         if not due:
             return
-        requests = [
-            ClaimRequest(rt.job.name, to_ms(slot), rt.job.options.lease) for rt, slot in due
-        ]
+        requests = [ClaimRequest(rt.job.name, slot.ms, rt.job.options.lease) for rt, slot in due]
         claims = self.store.claim_many(requests, self.instance)
         for (rt, slot), claim in zip(due, claims, strict=False):
             self._advance(rt, slot)
             self._claimed(rt, slot, claim)
 
-    def _advance(self, rt: _Runtime, slot: datetime) -> None:
-        rt.next_slot = rt.job.schedule.next_after(slot)
+    def _advance(self, rt: _Runtime, slot: Slot) -> None:
+        rt.next_slot = rt.slot_after(slot.time)
         self._place(rt)
 
-    def _claimed(self, rt: _Runtime, slot: datetime, claim: Claim) -> None:
-        name, sid = rt.job.name, slot_id(rt.job.name, slot)
+    def _claimed(self, rt: _Runtime, slot: Slot, claim: Claim) -> None:
+        name, sid = rt.job.name, slot.id
         holder = claim.holder
         if claim.won:
             assert holder is not None
@@ -529,7 +538,7 @@ class Scheduler:
             if holder is not None:
                 self._watch(rt, holder)
         elif claim.status is ClaimStatus.BUSY:
-            running = slot_id(name, from_ms(holder.slot_ms)) if holder else "?"
+            running = Slot.from_ms(name, holder.slot_ms).id if holder else "?"
             self._emit("overlap", name, sid, None, f"{running} still holds its lease")
             if holder is not None and rt.watch is None and rt.active is None:
                 self._watch(rt, holder)
@@ -544,7 +553,7 @@ class Scheduler:
         if held or holder.state in (RunState.DONE, RunState.FAILED):
             return
         now_mono = self._clock.monotonic()
-        rt.watch = _Watch(holder.slot_ms, holder.token, now_mono)
+        rt.watch = _Watch(Slot.from_ms(rt.job.name, holder.slot_ms), holder.token, now_mono)
         rt.watch.observe(holder, now_mono, rt.job.options.lease)
         if not holder.lapsed:
             rt.watch.next_check += rt.job.options.watch
@@ -560,7 +569,7 @@ class Scheduler:
             if (
                 watch is None
                 or record is None
-                or record.slot_ms != watch.slot_ms
+                or record.slot_ms != watch.slot.ms
                 or record.state in (RunState.DONE, RunState.FAILED)
             ):
                 rt.watch = None
@@ -573,9 +582,8 @@ class Scheduler:
                     # that cannot renew (or was lost). Sending it again could run it twice;
                     # the job's next slot supersedes it instead.
                     rt.watch = None
-                    sid = slot_id(rt.job.name, from_ms(record.slot_ms))
                     detail = "handed off but never picked up; not sent again"
-                    self._emit("missed", rt.job.name, sid, record.attempt, detail)
+                    self._emit("missed", rt.job.name, watch.slot.id, record.attempt, detail)
                 else:
                     self._take_over(rt, record)
 
@@ -588,26 +596,19 @@ class Scheduler:
             assert claim.holder is not None
             rt.watch = None
             how = "hand-over" if record.state is RunState.RELEASED else "lease lapsed"
-            slot = from_ms(record.slot_ms)
-            self._emit("takeover", job.name, slot_id(job.name, slot), claim.holder.attempt, how)
+            slot = Slot.from_ms(job.name, record.slot_ms)
+            self._emit("takeover", job.name, slot.id, claim.holder.attempt, how)
             self._begin(rt, slot, claim.holder)
         elif claim.holder is not None and claim.holder.slot_ms == record.slot_ms:
             self._watch(rt, claim.holder)
         else:
             rt.watch = None
 
-    def _begin(self, rt: _Runtime, slot: datetime, holder: JobState) -> None:
-        run = Run(
-            job=rt.job.name,
-            slot=slot,
-            slot_id=slot_id(rt.job.name, slot),
-            attempt=holder.attempt,
-            token=holder.token,
-            instance=self.instance,
-        )
+    def _begin(self, rt: _Runtime, slot: Slot, holder: JobState) -> None:
+        run = Run.of(slot, attempt=holder.attempt, token=holder.token, instance=self.instance)
         run._extend = lambda lease: self.store.renew(run.job, run.token, lease)
         now_mono = self._clock.monotonic()
-        rt.active = _Active(run, now_mono + rt.job.options.renew_every, now_mono)
+        rt.active = _Active(slot, run, now_mono + rt.job.options.renew_every, now_mono)
         if self._inline:
             self._execute(rt, run)
             return
@@ -643,14 +644,15 @@ class Scheduler:
             except StoreUnavailable:
                 self._done.put((rt, run, outcome))
                 raise
-            if rt.active is not None and rt.active.run is run:
+            active = rt.active
+            if active is not None and active.run is run:
                 rt.active = None
                 if handed_off and not rt.removed:
                     # Whoever executes it may die too: back it up like anyone else's run.
                     now_mono = self._clock.monotonic()
                     assert run._hand_off is not None
                     rt.watch = _Watch(
-                        to_ms(run.slot),
+                        active.slot,
                         run.token,
                         now_mono + rt.job.options.watch,
                         furthest=now_mono + run._hand_off,
