@@ -1,56 +1,18 @@
 """The store contract: the few atomic steps the engine asks of a shared store.
 
-A store keeps, per job of a namespace, one record of the job's current slot::
+A store keeps, per job of a namespace, one record of the job's current slot
+(job, slot, owner, attempt, token, state, lease end) and a short history of
+its runs. The engine reads and changes them only through the methods of
+:class:`Store`, each documented on itself.
 
-    (job, slot, owner, attempt, token, state, lease end)
+Atomicity: each step is **one atomic operation on the server** (a Lua script,
+one SQL statement or transaction, one compare-and-set), never a read in Python
+followed by a write.
 
-and a short history of runs. The engine changes that record only through the
-steps below. Each step is **one atomic operation on the server** (a Lua
-script, one SQL statement or transaction, one compare-and-set): never a read
-in Python followed by a write. Lease expiry is judged by the store's own
-clock, so instances whose clocks disagree cannot take a live lease early
-(NATS gives clients no clock: its store judges by the observer's monotonic
-clock instead, see :mod:`anarchon_core.stores.nats`).
-
-``claim(job, slot, owner, lease)``
-    Record that ``owner`` runs ``slot``, unless someone already does.
-
-    - no record yet, or the record holds an older slot that is finished
-      (``done``/``failed``), handed over (``released``) or whose lease has
-      lapsed: **won**. ``attempt`` is 1, ``token`` is the previous token + 1.
-      A previous run left ``running`` (its lease lapsed) is recorded in the
-      history as ``abandoned``: a newer slot supersedes it, it is not retried
-      (a ``released`` one stays ``released``);
-    - the record holds an older slot whose lease is live: **busy** (the
-      previous run is still going; this slot is skipped, "overlap");
-    - the record holds this very slot: **taken**;
-    - the record holds a newer slot: **stale**.
-
-``takeover(job, slot, owner, lease, seen_token)``
-    Compare-and-set for backups: succeeds only if the record still holds
-    ``slot`` with token ``seen_token`` and is either ``released`` or
-    ``running`` with a lapsed lease. Then ``attempt`` and ``token`` grow by
-    one and the previous attempt is recorded as ``lost`` (or stays
-    ``released``). Otherwise **taken**, with the current holder.
-
-``renew(job, token, lease)`` / ``finish(job, token, outcome)`` / ``release(job, token)``
-    Succeed only while the record carries ``token`` and is ``running``: a
-    stale token (someone took over since) is refused with ``False``.
-    ``renew`` extends the lease to ``lease`` seconds from the store's now,
-    ``finish`` ends the run as ``done`` or ``failed``, ``release`` hands the
-    run over (state ``released``, lease ended) so a backup takes over at once.
-
-``states(jobs)`` / ``history(job)`` / ``jobs()``
-    Reads, for backups, catch-up and ``anarchon status``. ``lease_remaining``
-    is computed by the store's clock.
-
-``claim_many`` and ``states`` take a batch, so an instance needs one round
-trip per tick whatever the number of jobs due. The base class loops; stores
-that can do better override them.
-
-Tokens rise with every claim and takeover of a job and never repeat, so they
-serve as fencing values: a handler may pass ``run.token`` to its own storage
-and refuse writes carrying a smaller one.
+Clock: lease expiry is judged by the store's own clock, so instances whose
+clocks disagree cannot take a live lease early (NATS gives clients no clock:
+its store judges by the observer's monotonic clock instead, see
+:mod:`anarchon_core.stores.nats`).
 """
 
 from __future__ import annotations
@@ -60,6 +22,9 @@ import enum
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+#: How many attempts per job a store's history keeps.
+HISTORY = 50
 
 
 class ClaimStatus(str, enum.Enum):
@@ -144,14 +109,26 @@ class RunRecord:
 
 
 class Store(abc.ABC):
-    """A shared store bound to one namespace. See the module docstring."""
+    """A shared store bound to one namespace.
+
+    Subclasses implement the abstract methods, each one atomic step (see the
+    module docstring); :meth:`finish` and :meth:`release` both come down to
+    :meth:`_end`. The protected helpers below are for implementations only.
+    """
 
     #: Whether the store keeps leases (renew, takeover, hand-over). Claim-only
-    #: stores pick a winner per slot and nothing more.
+    #: stores pick a winner per slot and nothing more (see :class:`ClaimOnlyStore`).
     supports_lease: bool = True
 
     def __init__(self, *, namespace: str) -> None:
-        self.namespace = namespace
+        """Bind the store to ``namespace``: 1-100 letters, digits, ``_``, ``-``, ``.`` or ``:``.
+
+        Namespaces end up in keys, table, bucket and queue names; any other
+        raises :class:`~anarchon_core.errors.ConfigurationError`.
+        """
+        from .urls import check_namespace  # urls imports this module
+
+        self.namespace = check_namespace(namespace)
 
     @classmethod
     def from_url(cls, url: str, *, namespace: str, **options: Any) -> Store:
@@ -159,43 +136,186 @@ class Store(abc.ABC):
         raise NotImplementedError(f"{cls.__name__} cannot be built from a URL")
 
     @abc.abstractmethod
-    def claim(self, job: str, slot_ms: int, owner: str, lease: float) -> Claim: ...
+    def claim(self, job: str, slot_ms: int, owner: str, lease: float) -> Claim:
+        """Record that ``owner`` runs ``slot_ms`` of ``job``, unless someone already does.
+
+        When won, the lease runs for ``lease`` seconds by the store's clock.
+
+        - no record yet, or the record holds an older slot that is finished
+          (``done``/``failed``), handed over (``released``) or whose lease has
+          lapsed: **won**. ``attempt`` is 1, ``token`` is the previous token + 1.
+          A previous run left ``running`` (its lease lapsed) is recorded in the
+          history as ``abandoned``: a newer slot supersedes it, it is not retried
+          (a ``released`` one stays ``released``);
+        - the record holds an older slot whose lease is live: **busy** (the
+          previous run is still going; this slot is skipped, "overlap");
+        - the record holds this very slot: **taken**;
+        - the record holds a newer slot: **stale**.
+
+        Tokens rise with every claim and takeover of a job and never repeat, so
+        they serve as fencing values: a handler may pass ``run.token`` to its own
+        storage and refuse writes carrying a smaller one.
+        """
 
     def claim_many(self, requests: Sequence[ClaimRequest], owner: str) -> list[Claim]:
-        """Claim several slots at once; results in the order of ``requests``."""
+        """Claim several slots at once; results in the order of ``requests``.
+
+        A batch lets an instance make one round trip per tick whatever the
+        number of jobs due. This loops over :meth:`claim`; stores that can do
+        better override it.
+        """
         return [self.claim(r.job, r.slot_ms, owner, r.lease) for r in requests]
 
     @abc.abstractmethod
-    def takeover(
-        self, job: str, slot_ms: int, owner: str, lease: float, seen_token: int
-    ) -> Claim: ...
+    def takeover(self, job: str, slot_ms: int, owner: str, lease: float, seen_token: int) -> Claim:
+        """Compare-and-set for backups: take ``slot_ms`` of ``job`` over from a lapsed run.
+
+        Succeeds only if the record still holds ``slot_ms`` with token
+        ``seen_token`` and is either ``released`` or ``running`` with a lapsed
+        lease. Then ``attempt`` and ``token`` grow by one, the lease runs for
+        ``lease`` seconds, and the previous attempt is recorded as ``lost`` (or
+        stays ``released``): **won**. Otherwise **taken**, with the current holder.
+        """
 
     @abc.abstractmethod
-    def renew(self, job: str, token: int, lease: float) -> bool: ...
+    def renew(self, job: str, token: int, lease: float) -> bool:
+        """Extend the lease of the run carrying ``token`` to ``lease`` seconds from the store's now.
+
+        Only while the record carries ``token`` and is ``running``: a stale token
+        (someone took over since) is refused with ``False``.
+        """
+
+    def finish(self, job: str, token: int, outcome: RunState) -> bool:
+        """End the run carrying ``token`` as ``done`` or ``failed``, and its lease.
+
+        Only while the record carries ``token`` and is ``running``: a stale token
+        is refused with ``False``. Any other ``outcome`` raises ``ValueError``.
+        """
+        if outcome not in (RunState.DONE, RunState.FAILED):
+            raise ValueError(f"a run finishes as done or failed, not {outcome.value}")
+        return self._end(job, token, outcome)
+
+    def release(self, job: str, token: int) -> bool:
+        """Hand the run carrying ``token`` over: state ``released``, lease ended.
+
+        A backup takes it over at once. Only while the record carries ``token``
+        and is ``running``: a stale token is refused with ``False``.
+        """
+        return self._end(job, token, RunState.RELEASED)
 
     @abc.abstractmethod
-    def finish(self, job: str, token: int, outcome: RunState) -> bool: ...
+    def _end(self, job: str, token: int, state: RunState) -> bool:
+        """End the run carrying ``token`` as ``state`` and its lease at the store's now.
 
-    @abc.abstractmethod
-    def release(self, job: str, token: int) -> bool: ...
+        The one step behind :meth:`finish` (``done``, ``failed``) and
+        :meth:`release` (``released``): only while the record carries ``token``
+        and is ``running``, else ``False``. The history records the end.
+        """
 
     @abc.abstractmethod
     def states(self, jobs: Iterable[str]) -> dict[str, JobState]:
-        """Current records of ``jobs``; jobs with no record are left out."""
+        """Current records of ``jobs``; jobs with no record are left out.
+
+        One batch, for backups and catch-up: ``lease_remaining`` is computed by
+        the store's clock.
+        """
 
     def state(self, job: str) -> JobState | None:
+        """The current record of ``job``, or ``None``."""
         return self.states([job]).get(job)
 
     @abc.abstractmethod
     def history(self, job: str, limit: int = 20) -> list[RunRecord]:
-        """The most recent attempts of ``job``, newest first."""
+        """The most recent attempts of ``job``, newest first (at most :data:`HISTORY` kept)."""
 
     @abc.abstractmethod
     def jobs(self) -> list[str]:
-        """Names of the jobs that have a record in this namespace."""
+        """Names of the jobs that have a record in this namespace, sorted."""
 
     def close(self) -> None:  # noqa: B027 - most stores have nothing to close
         """Release connections this store opened itself."""
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} namespace={self.namespace!r}>"
+
+    # -- helpers for implementations ----------------------------------------
+
+    @staticmethod
+    def _refusal(slot_ms: int, holder: JobState | None) -> Claim | None:
+        """The answer to a claim of ``slot_ms`` that ``holder`` refuses, or ``None`` if it wins.
+
+        **taken** when ``holder`` holds this slot, **stale** when a newer one,
+        **busy** when an older one whose lease is live (see :meth:`claim`).
+        """
+        if holder is None:
+            return None
+        if holder.slot_ms == slot_ms:
+            return Claim(ClaimStatus.TAKEN, holder)
+        if holder.slot_ms > slot_ms:
+            return Claim(ClaimStatus.STALE, holder)
+        if holder.state is RunState.RUNNING and holder.lease_remaining > 0:
+            return Claim(ClaimStatus.BUSY, holder)
+        return None
+
+    @classmethod
+    def _lost(cls, slot_ms: int, holder: JobState | None) -> Claim:
+        """The answer to a claim of ``slot_ms`` that the server refused; ``holder`` read since.
+
+        As :meth:`_refusal`, except that no holder means **taken** and an older
+        slot means **busy** even if its lease has lapsed since the refusal.
+        """
+        if holder is None:
+            return Claim(ClaimStatus.TAKEN, None)
+        refusal = cls._refusal(slot_ms, holder)
+        return refusal if refusal is not None else Claim(ClaimStatus.BUSY, holder)
+
+    @staticmethod
+    def _job_state(row: Sequence[Any]) -> JobState:
+        """A record from a database row of its fields, in order."""
+        job, slot_ms, owner, attempt, token, state, remaining = row
+        state = RunState(state)
+        return JobState(job, int(slot_ms), owner, int(attempt), int(token), state, remaining)
+
+    @staticmethod
+    def _run_record(row: Sequence[Any]) -> RunRecord:
+        """An attempt from a database row of its fields, in order."""
+        job, slot_ms, attempt, token, owner, state, started_at, ended_at = row
+        state = RunState(state)
+        return RunRecord(
+            job, int(slot_ms), int(attempt), int(token), owner, state, started_at, ended_at
+        )
+
+
+class ClaimOnlyStore(Store):
+    """A store that picks the one winner of each slot and records nothing else.
+
+    Subclasses implement :meth:`claim`. There is no lease: a won claim runs
+    with nothing to renew, finish, hand over or take over, and nothing is
+    read back. The engine knows this from ``supports_lease``.
+    """
+
+    supports_lease = False
+
+    def takeover(self, job: str, slot_ms: int, owner: str, lease: float, seen_token: int) -> Claim:
+        """Always **taken**: a lost run is never taken over."""
+        return Claim(ClaimStatus.TAKEN, None)
+
+    def renew(self, job: str, token: int, lease: float) -> bool:
+        """``True``: there is no lease to extend."""
+        return True
+
+    def _end(self, job: str, token: int, state: RunState) -> bool:
+        """``True``: the end of a run is not recorded, and there is nothing to hand over."""
+        return True
+
+    def states(self, jobs: Iterable[str]) -> dict[str, JobState]:
+        """Empty: no job record is kept."""
+        return {}
+
+    def history(self, job: str, limit: int = 20) -> list[RunRecord]:
+        """Empty: no run history is kept."""
+        return []
+
+    def jobs(self) -> list[str]:
+        """Empty: no job record is kept."""
+        return []

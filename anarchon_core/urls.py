@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import re
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
 
 from .errors import ConfigurationError, MissingDependency
 from .store import Store
@@ -53,6 +53,19 @@ def redact(url: str) -> str:
         hidden = [(k, "***" if k in secret else v) for k, v in query]
         parts = parts._replace(query=urlencode(hidden, safe="*"))
     return urlunsplit(parts)
+
+
+def scrub(text: str, secret: str | None) -> str:
+    """``text`` (a driver's message) with ``secret`` replaced by ``***``.
+
+    The secret is replaced as given and as it may appear percent-encoded or
+    decoded, the longest form first.
+    """
+    if secret:
+        forms = {secret, unquote(secret), quote(secret, safe="")}
+        for form in sorted(forms, key=len, reverse=True):
+            text = text.replace(form, "***")
+    return text
 
 
 _NAMESPACE = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")

@@ -12,10 +12,9 @@ from __future__ import annotations
 import functools
 import re
 
-NOW = "((julianday('now') - 2440587.5) * 86400.0)"
+from ..store import HISTORY
 
-#: How many attempts per job the history keeps.
-HISTORY = 50
+NOW = "((julianday('now') - 2440587.5) * 86400.0)"
 
 SCHEMA = [
     """CREATE TABLE IF NOT EXISTS anarchon_jobs (

@@ -19,6 +19,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import libsql
 
 from ..errors import ConfigurationError
+from ..urls import redact
 from .sqlite import SQLDialectStore
 
 
@@ -40,30 +41,23 @@ class LibSQLStore(SQLDialectStore):
         self.url = url
         self._auth_token = auth_token or ""
         self.timeout = timeout
-        with self._transaction() as conn:
-            self._create_schema(conn)
+        self._create_schema()
 
     @classmethod
     def from_url(cls, url: str, *, namespace: str, **options: Any) -> LibSQLStore:
         parts = urlsplit(url)
         if not parts.hostname:
-            raise ConfigurationError(f"libSQL URL {cls._redacted(url)!r}: expected a host")
+            raise ConfigurationError(f"libSQL URL {redact(url)!r}: expected a host")
         query = dict(parse_qsl(parts.query))
         token = query.pop("authToken", None)
         if token is not None:
             options.setdefault("auth_token", token)
         if query:
             raise ConfigurationError(
-                f"libSQL URL {cls._redacted(url)!r}: unknown option(s) {', '.join(sorted(query))}"
+                f"libSQL URL {redact(url)!r}: unknown option(s) {', '.join(sorted(query))}"
             )
         plain = urlunsplit(parts._replace(query=urlencode(query)))
         return cls(plain, namespace=namespace, **options)
-
-    @staticmethod
-    def _redacted(url: str) -> str:
-        from ..urls import redact
-
-        return redact(url)
 
     def _connect(self) -> Any:
         return libsql.connect(
@@ -83,4 +77,4 @@ class LibSQLStore(SQLDialectStore):
             return super()._begin(write)
 
     def __repr__(self) -> str:
-        return f"<LibSQLStore {self._redacted(self.url)!r} namespace={self.namespace!r}>"
+        return f"<LibSQLStore {redact(self.url)!r} namespace={self.namespace!r}>"

@@ -14,9 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..clock import Clock, SystemClock
-from ..store import Claim, ClaimStatus, JobState, RunRecord, RunState, Store
-
-HISTORY = 50
+from ..store import HISTORY, Claim, ClaimStatus, JobState, RunRecord, RunState, Store
 
 
 @dataclass
@@ -65,12 +63,9 @@ class MemoryStore(Store):
             now = self._clock.time()
             rec = self._records.get(job)
             if rec is not None:
-                if rec.slot_ms == slot_ms:
-                    return Claim(ClaimStatus.TAKEN, self._state(job, rec, now))
-                if rec.slot_ms > slot_ms:
-                    return Claim(ClaimStatus.STALE, self._state(job, rec, now))
-                if rec.state is RunState.RUNNING and rec.lease_until > now:
-                    return Claim(ClaimStatus.BUSY, self._state(job, rec, now))
+                refusal = self._refusal(slot_ms, self._state(job, rec, now))
+                if refusal is not None:
+                    return refusal
                 if rec.state not in (RunState.DONE, RunState.FAILED):
                     self._end_current(job, RunState.ABANDONED, now)
             token = rec.token + 1 if rec else 1
@@ -97,32 +92,29 @@ class MemoryStore(Store):
             self._start(job, rec, now)
             return Claim(ClaimStatus.WON, self._state(job, rec, now))
 
-    def _update(self, job: str, token: int, **changes: object) -> bool:
-        with self._lock:
-            rec = self._records.get(job)
-            if rec is None or rec.token != token or rec.state is not RunState.RUNNING:
-                return False
-            now = self._clock.time()
-            if "lease" in changes:
-                rec.lease_until = now + float(changes["lease"])  # type: ignore[arg-type]
-            if "state" in changes:
-                state = changes["state"]
-                assert isinstance(state, RunState)
-                rec.state = state
-                rec.lease_until = now
-                self._end_current(job, state, now)
-            return True
+    def _running(self, job: str, token: int) -> _Record | None:
+        """The record of ``job`` if it carries ``token`` and is running."""
+        rec = self._records.get(job)
+        if rec is None or rec.token != token or rec.state is not RunState.RUNNING:
+            return None
+        return rec
 
     def renew(self, job: str, token: int, lease: float) -> bool:
-        return self._update(job, token, lease=lease)
+        with self._lock:
+            rec = self._running(job, token)
+            if rec is not None:
+                rec.lease_until = self._clock.time() + float(lease)
+            return rec is not None
 
-    def finish(self, job: str, token: int, outcome: RunState) -> bool:
-        if outcome not in (RunState.DONE, RunState.FAILED):
-            raise ValueError(f"a run finishes as done or failed, not {outcome.value}")
-        return self._update(job, token, state=outcome)
-
-    def release(self, job: str, token: int) -> bool:
-        return self._update(job, token, state=RunState.RELEASED)
+    def _end(self, job: str, token: int, state: RunState) -> bool:
+        with self._lock:
+            rec = self._running(job, token)
+            if rec is None:
+                return False
+            now = self._clock.time()
+            rec.state, rec.lease_until = state, now
+            self._end_current(job, state, now)
+            return True
 
     def states(self, jobs: Iterable[str]) -> dict[str, JobState]:
         with self._lock:

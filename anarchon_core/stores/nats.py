@@ -68,14 +68,13 @@ from nats.js import api
 from nats.js.kv import KeyValue
 
 from ..clock import Clock, SystemClock
+from ..durations import parse_duration
 from ..errors import ConfigurationError, StoreUnavailable
-from ..jobs import parse_duration
-from ..store import Claim, ClaimRequest, ClaimStatus, JobState, RunRecord, RunState, Store
-from ..urls import check_namespace, redact
+from ..store import HISTORY, Claim, ClaimRequest, ClaimStatus, JobState, RunRecord, RunState, Store
+from ..urls import redact
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-HISTORY = 50
 #: Compare-and-set rounds before a step gives up (each lost round means another writer won).
 _ROUNDS = 20
 _UNAVAILABLE = (nats.errors.Error, OSError, asyncio.TimeoutError)
@@ -127,7 +126,7 @@ class NatsStore(Store):
         loop: asyncio.AbstractEventLoop | None = None,
         clock: Clock | None = None,
     ) -> None:
-        super().__init__(namespace=check_namespace(namespace))
+        super().__init__(namespace=namespace)
         if (client is None) != (loop is None):
             raise ConfigurationError("NatsStore: pass client= together with the loop= it runs on")
         self.servers = [servers] if isinstance(servers, str) else list(servers)
@@ -308,13 +307,9 @@ class NatsStore(Store):
 
     def _claiming(self, job: str, slot_ms: int, owner: str, lease: float) -> _Decide[Claim]:
         def decide(old: _Record | None, current: JobState | None) -> tuple[_Record | None, Claim]:
-            if current is not None:
-                if current.slot_ms == slot_ms:
-                    return None, Claim(ClaimStatus.TAKEN, current)
-                if current.slot_ms > slot_ms:
-                    return None, Claim(ClaimStatus.STALE, current)
-                if current.state is RunState.RUNNING and current.lease_remaining > 0:
-                    return None, Claim(ClaimStatus.BUSY, current)
+            refusal = self._refusal(slot_ms, current)
+            if refusal is not None:
+                return None, refusal
             return self._attempt(old, RunState.ABANDONED, job, slot_ms, owner, lease)
 
         return decide
@@ -363,13 +358,8 @@ class NatsStore(Store):
     def renew(self, job: str, token: int, lease: float) -> bool:
         return self._run(lambda: self._cas(job, self._changing(token, lease, RunState.RUNNING)))
 
-    def finish(self, job: str, token: int, outcome: RunState) -> bool:
-        if outcome not in (RunState.DONE, RunState.FAILED):
-            raise ValueError(f"a run finishes as done or failed, not {outcome.value}")
-        return self._run(lambda: self._cas(job, self._changing(token, 0.0, outcome)))
-
-    def release(self, job: str, token: int) -> bool:
-        return self._run(lambda: self._cas(job, self._changing(token, 0.0, RunState.RELEASED)))
+    def _end(self, job: str, token: int, state: RunState) -> bool:
+        return self._run(lambda: self._cas(job, self._changing(token, 0.0, state)))
 
     def states(self, jobs: Iterable[str]) -> dict[str, JobState]:
         names = list(dict.fromkeys(jobs))

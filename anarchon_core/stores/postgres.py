@@ -62,13 +62,10 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from ..durations import Duration, parse_duration
 from ..errors import ConfigurationError, StoreUnavailable
-from ..jobs import Duration, parse_duration
-from ..store import Claim, ClaimRequest, ClaimStatus, JobState, RunRecord, RunState, Store
-from ..urls import redact
-
-#: How many attempts per job the history keeps.
-HISTORY = 50
+from ..store import HISTORY, Claim, ClaimRequest, ClaimStatus, JobState, RunRecord, RunState, Store
+from ..urls import redact, scrub
 
 #: Seconds a call waits for a connection once the server was seen away.
 _DOWN_WAIT = 1.0
@@ -143,11 +140,6 @@ def table_prefix(namespace: str) -> str:
     return f"anarchon_{readable}_{hashlib.sha256(namespace.encode()).hexdigest()[:10]}"
 
 
-def _state(row: Sequence[Any]) -> JobState:
-    job, slot_ms, owner, attempt, token, state, left = row
-    return JobState(job, int(slot_ms), owner, int(attempt), int(token), RunState(state), left)
-
-
 def _dropped(conn: psycopg.Connection[Any]) -> bool:
     """Whether the server dropped an idle pooled connection: it has input waiting."""
     if conn.closed:
@@ -157,15 +149,6 @@ def _dropped(conn: psycopg.Connection[Any]) -> bool:
     poller = select.poll()
     poller.register(conn.fileno(), select.POLLIN)
     return bool(poller.poll(0))
-
-
-def _claimed(slot_ms: int, won: Any, found: Any) -> Claim:
-    if won:
-        return Claim(ClaimStatus.WON, _state(won))
-    holder = _state(found) if found else None
-    if holder is None or holder.slot_ms == slot_ms:
-        return Claim(ClaimStatus.TAKEN, holder)
-    return Claim(ClaimStatus.STALE if holder.slot_ms > slot_ms else ClaimStatus.BUSY, holder)
 
 
 class PostgresStore(Store):
@@ -277,7 +260,7 @@ class PostgresStore(Store):
             # While the server is away, fail fast instead of waiting the whole
             # timeout on every call: the engine backs off and decides leases.
             self._wait = min(self.timeout, _DOWN_WAIT)
-            message = str(exc).replace(self._secret, "***") if self._secret else str(exc)
+            message = scrub(str(exc), self._secret)
             raise StoreUnavailable(f"PostgreSQL {self._where}: {message}") from exc
         self._wait = self.timeout
 
@@ -304,9 +287,15 @@ class PostgresStore(Store):
             # snapshot may predate the commit of the winner that made it lose.
             return won, None if won else conn.execute(self._sql["holder"], params).fetchone()
 
+    def _claimed(self, slot_ms: int, won: Any, found: Any) -> Claim:
+        """The answer to a claim from its won row, or else the holder's row read after it."""
+        if won:
+            return Claim(ClaimStatus.WON, self._job_state(won))
+        return self._lost(slot_ms, self._job_state(found) if found else None)
+
     def claim(self, job: str, slot_ms: int, owner: str, lease: float) -> Claim:
         params = {"job": job, "slot": slot_ms, "owner": owner, "lease": lease}
-        return _claimed(slot_ms, *self._write("claim", params))
+        return self._claimed(slot_ms, *self._write("claim", params))
 
     def claim_many(self, requests: Sequence[ClaimRequest], owner: str) -> list[Claim]:
         """Every claim with its holder read in one pipeline: one round trip."""
@@ -326,7 +315,7 @@ class PostgresStore(Store):
                         conn.execute(self._sql["holder"], params),
                     )
             return [
-                _claimed(r.slot_ms, sent[i][0].fetchone(), sent[i][1].fetchone())
+                self._claimed(r.slot_ms, sent[i][0].fetchone(), sent[i][1].fetchone())
                 for i, r in enumerate(requests)
             ]
 
@@ -334,8 +323,8 @@ class PostgresStore(Store):
         params = {"job": job, "slot": slot_ms, "owner": owner, "lease": lease, "token": seen_token}
         won, found = self._write("takeover", params)
         if won:
-            return Claim(ClaimStatus.WON, _state(won))
-        return Claim(ClaimStatus.TAKEN, _state(found) if found else None)
+            return Claim(ClaimStatus.WON, self._job_state(won))
+        return Claim(ClaimStatus.TAKEN, self._job_state(found) if found else None)
 
     def _change(self, statement: str, **params: Any) -> bool:
         with self._connection() as conn:
@@ -344,13 +333,8 @@ class PostgresStore(Store):
     def renew(self, job: str, token: int, lease: float) -> bool:
         return self._change("renew", job=job, token=token, lease=lease)
 
-    def finish(self, job: str, token: int, outcome: RunState) -> bool:
-        if outcome not in (RunState.DONE, RunState.FAILED):
-            raise ValueError(f"a run finishes as done or failed, not {outcome.value}")
-        return self._change("end", job=job, token=token, state=outcome.value)
-
-    def release(self, job: str, token: int) -> bool:
-        return self._change("end", job=job, token=token, state=RunState.RELEASED.value)
+    def _end(self, job: str, token: int, state: RunState) -> bool:
+        return self._change("end", job=job, token=token, state=state.value)
 
     def states(self, jobs: Iterable[str]) -> dict[str, JobState]:
         names = list(dict.fromkeys(jobs))
@@ -358,15 +342,12 @@ class PostgresStore(Store):
             return {}
         with self._connection() as conn:
             rows = conn.execute(self._sql["states"], {"jobs": names}).fetchall()
-        return {row[0]: _state(row) for row in rows}
+        return {row[0]: self._job_state(row) for row in rows}
 
     def history(self, job: str, limit: int = 20) -> list[RunRecord]:
         with self._connection() as conn:
             rows = conn.execute(self._sql["history"], {"job": job, "limit": limit}).fetchall()
-        return [
-            RunRecord(r[0], int(r[1]), int(r[2]), int(r[3]), r[4], RunState(r[5]), r[6], r[7])
-            for r in rows
-        ]
+        return [self._run_record(row) for row in rows]
 
     def jobs(self) -> list[str]:
         with self._connection() as conn:

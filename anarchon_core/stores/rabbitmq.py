@@ -72,7 +72,7 @@ import contextlib
 import hashlib
 import json
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
@@ -86,10 +86,10 @@ from kombu.connection import Connection
 from kombu.exceptions import KombuError
 from kombu.transport.pyamqp import Transport as PyAMQPTransport
 
+from ..durations import Duration, parse_duration
 from ..errors import ConfigurationError, StoreUnavailable
-from ..jobs import Duration, parse_duration
-from ..store import Claim, ClaimRequest, ClaimStatus, JobState, RunRecord, RunState, Store
-from ..urls import check_namespace, redact
+from ..store import Claim, ClaimOnlyStore, ClaimRequest, ClaimStatus, JobState, RunState
+from ..urls import redact, scrub
 from ._lock import CallLock
 
 log = logging.getLogger(__name__)
@@ -104,10 +104,8 @@ _UNAVAILABLE = (OSError, AMQPError, KombuError)
 T = TypeVar("T")
 
 
-class RabbitMQStore(Store):
+class RabbitMQStore(ClaimOnlyStore):
     """Claims slots as single-message RabbitMQ queues. See the module docstring."""
-
-    supports_lease = False
 
     def __init__(
         self,
@@ -118,8 +116,7 @@ class RabbitMQStore(Store):
         expires: Duration = DEFAULT_EXPIRES,
         timeout: Duration = DEFAULT_TIMEOUT,
     ) -> None:
-        # The namespace goes into queue names: keep it to the plain characters.
-        super().__init__(namespace=check_namespace(namespace))
+        super().__init__(namespace=namespace)
         if (url is None) == (connection is None):
             raise ConfigurationError("RabbitMQStore: pass either url= or connection=")
         self.expires = parse_duration("expires", expires)
@@ -224,9 +221,7 @@ class RabbitMQStore(Store):
                     if not fresh and not isinstance(exc, TimeoutError):
                         log.debug("anarchon: RabbitMQ connection lost (%s), reconnecting", exc)
                         continue
-                    message = str(exc) or type(exc).__name__
-                    if self._password:
-                        message = message.replace(self._password, "***")
+                    message = scrub(str(exc) or type(exc).__name__, self._password)
                     raise StoreUnavailable(f"RabbitMQ at {self._shown}: {message}") from exc
 
     # -- claims -------------------------------------------------------------
@@ -288,38 +283,6 @@ class RabbitMQStore(Store):
             return claims
 
         return self._call(step) if requests else []
-
-    # -- no lease: nothing to renew, finish, hand over or take over -------
-
-    def takeover(self, job: str, slot_ms: int, owner: str, lease: float, seen_token: int) -> Claim:
-        """Always TAKEN: a lost run is never taken over on RabbitMQ."""
-        return Claim(ClaimStatus.TAKEN, None)
-
-    def renew(self, job: str, token: int, lease: float) -> bool:
-        """True: there is no lease to extend."""
-        return True
-
-    def finish(self, job: str, token: int, outcome: RunState) -> bool:
-        """True: the end of a run is not recorded."""
-        if outcome not in (RunState.DONE, RunState.FAILED):
-            raise ValueError(f"a run finishes as done or failed, not {outcome.value}")
-        return True
-
-    def release(self, job: str, token: int) -> bool:
-        """True: there is nothing to hand over."""
-        return True
-
-    def states(self, jobs: Iterable[str]) -> dict[str, JobState]:
-        """Empty: no job record is kept."""
-        return {}
-
-    def history(self, job: str, limit: int = 20) -> list[RunRecord]:
-        """Empty: no run history is kept."""
-        return []
-
-    def jobs(self) -> list[str]:
-        """Empty: no job record is kept."""
-        return []
 
     def close(self) -> None:
         """Close this store's channel, and the connection if the store opened it.

@@ -51,7 +51,7 @@ import json
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
-from urllib.parse import quote, unquote, urlsplit
+from urllib.parse import urlsplit
 
 import redis
 from redis.backoff import NoBackoff
@@ -60,11 +60,9 @@ from redis.exceptions import NoScriptError, ResponseError
 from redis.retry import Retry
 
 from ..errors import ConfigurationError, StoreUnavailable
-from ..store import Claim, ClaimRequest, ClaimStatus, JobState, RunRecord, RunState, Store
-from ..urls import check_namespace, redact
+from ..store import HISTORY, Claim, ClaimRequest, ClaimStatus, JobState, RunRecord, RunState, Store
+from ..urls import redact, scrub
 
-#: How many attempts per job the history keeps.
-HISTORY = 50
 CONNECT_TIMEOUT = 3.0
 OPERATION_TIMEOUT = 3.0
 
@@ -158,13 +156,6 @@ return 1
 """
 
 
-def _scrub(text: str, password: str | None) -> str:
-    if password:  # as given, and as it may appear percent-encoded or decoded
-        for form in {password, unquote(password), quote(password, safe="")}:
-            text = text.replace(form, "***")
-    return text
-
-
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -193,7 +184,7 @@ class RedisStore(Store):
     """
 
     def __init__(self, *, client: redis.Redis, namespace: str = "default") -> None:
-        super().__init__(namespace=check_namespace(namespace))
+        super().__init__(namespace=namespace)
         self.client = client
         self._owns_client = False
         kw = client.connection_pool.connection_kwargs
@@ -217,7 +208,7 @@ class RedisStore(Store):
                 raise ValueError(f"the database must be a number, not {db!r}")
             client = redis.Redis.from_url(f"{scheme}{sep}{rest}", **options)
         except ValueError as exc:
-            message = _scrub(str(exc), urlsplit(url).password)
+            message = scrub(str(exc), urlsplit(url).password)
             # Not chained: the driver's error might quote the URL, password included.
             raise ConfigurationError(f"Redis URL {redact(url)!r}: {message}") from None
         store = cls(client=client, namespace=namespace)
@@ -234,7 +225,7 @@ class RedisStore(Store):
             busy = str(exc).startswith("BUSY")
             if not isinstance(exc, _UNAVAILABLE) and not busy:
                 raise
-            message = _scrub(str(exc), self._password)
+            message = scrub(str(exc), self._password)
             raise StoreUnavailable(f"Redis at {self._where}: {message}") from exc
 
     def _keys(self, job: str) -> list[str]:
@@ -290,13 +281,8 @@ class RedisStore(Store):
     def renew(self, job: str, token: int, lease: float) -> bool:
         return self._held(job, token, RunState.RUNNING, lease)
 
-    def finish(self, job: str, token: int, outcome: RunState) -> bool:
-        if outcome not in (RunState.DONE, RunState.FAILED):
-            raise ValueError(f"a run finishes as done or failed, not {outcome.value}")
-        return self._held(job, token, outcome)
-
-    def release(self, job: str, token: int) -> bool:
-        return self._held(job, token, RunState.RELEASED)
+    def _end(self, job: str, token: int, state: RunState) -> bool:
+        return self._held(job, token, state)
 
     def states(self, jobs: Iterable[str]) -> dict[str, JobState]:
         names = list(dict.fromkeys(jobs))

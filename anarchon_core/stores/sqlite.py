@@ -20,19 +20,14 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
+from ..durations import parse_duration
 from ..errors import ConfigurationError, StoreUnavailable
-from ..jobs import parse_duration
 from ..store import Claim, ClaimRequest, ClaimStatus, JobState, RunRecord, RunState, Store
 from . import _sql
 from ._lock import CallLock
 
 #: Largest number of job names per ``IN (...)`` list.
 _CHUNK = 500
-
-
-def _state(row: Sequence[Any]) -> JobState:
-    job, slot_ms, owner, attempt, token, state, remaining = row
-    return JobState(job, int(slot_ms), owner, int(attempt), int(token), RunState(state), remaining)
 
 
 class SQLDialectStore(Store):
@@ -92,20 +87,15 @@ class SQLDialectStore(Store):
 
     def _read(self, conn: Any, job: str) -> JobState | None:
         row = conn.execute(_sql.SELECT.format(marks="?"), (self.namespace, job)).fetchone()
-        return _state(row) if row else None
+        return self._job_state(row) if row else None
 
     def _claim(self, conn: Any, job: str, slot_ms: int, owner: str, lease: float) -> Claim:
         row = self._run(
             conn, _sql.CLAIM, job=job, slot=slot_ms, owner=owner, lease=lease
         ).fetchone()
         if row is not None:
-            return Claim(ClaimStatus.WON, _state(row))
-        holder = self._read(conn, job)
-        if holder is None or holder.slot_ms == slot_ms:
-            return Claim(ClaimStatus.TAKEN, holder)
-        if holder.slot_ms > slot_ms:
-            return Claim(ClaimStatus.STALE, holder)
-        return Claim(ClaimStatus.BUSY, holder)
+            return Claim(ClaimStatus.WON, self._job_state(row))
+        return self._lost(slot_ms, self._read(conn, job))
 
     def claim(self, job: str, slot_ms: int, owner: str, lease: float) -> Claim:
         with self._transaction() as conn:
@@ -127,7 +117,7 @@ class SQLDialectStore(Store):
                 token=seen_token,
             ).fetchone()
             if row is not None:
-                return Claim(ClaimStatus.WON, _state(row))
+                return Claim(ClaimStatus.WON, self._job_state(row))
             return Claim(ClaimStatus.TAKEN, self._read(conn, job))
 
     def _change(self, sql: str, **values: Any) -> bool:
@@ -137,13 +127,8 @@ class SQLDialectStore(Store):
     def renew(self, job: str, token: int, lease: float) -> bool:
         return self._change(_sql.RENEW, job=job, token=token, lease=lease)
 
-    def finish(self, job: str, token: int, outcome: RunState) -> bool:
-        if outcome not in (RunState.DONE, RunState.FAILED):
-            raise ValueError(f"a run finishes as done or failed, not {outcome.value}")
-        return self._change(_sql.END, job=job, token=token, state=outcome.value)
-
-    def release(self, job: str, token: int) -> bool:
-        return self._change(_sql.END, job=job, token=token, state=RunState.RELEASED.value)
+    def _end(self, job: str, token: int, state: RunState) -> bool:
+        return self._change(_sql.END, job=job, token=token, state=state.value)
 
     def states(self, jobs: Iterable[str]) -> dict[str, JobState]:
         names = list(dict.fromkeys(jobs))
@@ -153,24 +138,23 @@ class SQLDialectStore(Store):
                 chunk = names[i : i + _CHUNK]
                 sql = _sql.SELECT.format(marks=", ".join("?" * len(chunk)))
                 for row in conn.execute(sql, (self.namespace, *chunk)).fetchall():
-                    found[row[0]] = _state(row)
+                    found[row[0]] = self._job_state(row)
         return found
 
     def history(self, job: str, limit: int = 20) -> list[RunRecord]:
         with self._transaction(write=False) as conn:
             rows = conn.execute(_sql.HISTORY_SELECT, (self.namespace, job, limit)).fetchall()
-        return [
-            RunRecord(r[0], int(r[1]), int(r[2]), int(r[3]), r[4], RunState(r[5]), r[6], r[7])
-            for r in rows
-        ]
+        return [self._run_record(row) for row in rows]
 
     def jobs(self) -> list[str]:
         with self._transaction(write=False) as conn:
             return [row[0] for row in conn.execute(_sql.JOBS, (self.namespace,)).fetchall()]
 
-    def _create_schema(self, conn: Any) -> None:
-        for statement in _sql.SCHEMA:
-            conn.execute(statement)
+    def _create_schema(self) -> None:
+        """Create the tables and triggers if they do not exist yet."""
+        with self._transaction() as conn:
+            for statement in _sql.SCHEMA:
+                conn.execute(statement)
 
     def close(self) -> None:
         """Close the connection; one still in use is closed when its call ends."""
@@ -186,8 +170,7 @@ class SQLiteStore(SQLDialectStore):
         super().__init__(namespace=namespace)
         self.path = path
         self.busy_timeout = busy_timeout
-        with self._transaction() as conn:
-            self._create_schema(conn)
+        self._create_schema()
 
     @classmethod
     def from_url(cls, url: str, *, namespace: str, **options: Any) -> SQLiteStore:
