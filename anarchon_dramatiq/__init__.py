@@ -5,6 +5,7 @@
 See ``docs/dramatiq.md``.
 """
 
-from .middleware import Anarchon, Interval, ScheduleError, every
+from .declarations import Interval, ScheduleError, every
+from .middleware import Anarchon
 
 __all__ = ["Anarchon", "Interval", "ScheduleError", "every"]

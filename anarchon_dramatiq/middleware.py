@@ -1,7 +1,7 @@
-"""The ``Anarchon`` middleware: periodic actors, one scheduler per pod, execution tracking.
+"""The ``Anarchon`` middleware: Dramatiq's hooks for periodic actors and execution tracking.
 
 Periodic actors are declared where they live, with actor options the
-middleware adds to the broker::
+middleware adds to the broker (see :mod:`anarchon_dramatiq.declarations`)::
 
     broker.add_middleware(Anarchon())
 
@@ -13,149 +13,46 @@ middleware adds to the broker::
 
 Each periodic actor is an anarchon job named after the actor. The claim,
 lease, takeover and catch-up logic is anarchon_core's: this module only
-translates actors into jobs and sends their messages.
+translates actors into jobs and sends their messages, with the slot's
+hand-off ticket as the message option :data:`OPTION`.
 
 The ``dramatiq`` command forks several worker processes, each of which runs
 this middleware. Only one of them per command runs the scheduler: the one
-holding an exclusive ``flock`` on a lock file named after the command's
-process id (the worker processes' parent). The kernel drops the lock when its
-holder dies; the other processes retry it every few seconds and take over.
+holding the pod lock (:mod:`anarchon_dramatiq.podlock`).
 """
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import logging
 import os
 import socket
-import tempfile
 import threading
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
 from typing import Any
-from urllib.parse import quote
 
 from dramatiq import Actor, Broker, Middleware, Worker
-from dramatiq.middleware import MiddlewareError, Retries, SkipMessage
+from dramatiq.middleware import Retries, SkipMessage
 
-from anarchon_core import AnarchonError, ConfigurationError, Job, JobOptions, Run, RunState
+from anarchon_core import AnarchonError, JobOptions, Run, RunState
 from anarchon_core import Scheduler as Engine
+from anarchon_core.durations import Duration, parse_duration
 from anarchon_core.handoff import (
     DEFAULT_PICKUP,
     ExecutionLease,
     HandOff,
     SkipWork,
-    check_pickup,
     take,
     tracked_ticket,
 )
-from anarchon_core.jobs import Duration, parse_duration
-from anarchon_core.schedules import make_schedule
 from anarchon_core.urls import check_namespace, redact
+
+from .broker_store import broker_store_url
+from .declarations import OPTIONS, Periodic, read_declaration
+from .podlock import LOCK_RETRY, PodLock
 
 log = logging.getLogger(__name__)
 
 #: The message option carrying the hand-off ticket.
 OPTION = "anarchon"
-#: How often worker processes without the pod lock try to take it.
-LOCK_RETRY = 2.0
-#: Actor option -> job option.
-OVERRIDES = {
-    "schedule_lease": "lease",
-    "schedule_jitter": "jitter",
-    "schedule_catch_up": "catch_up",
-}
-OPTIONS = frozenset({"schedule", "schedule_timezone", *OVERRIDES})
-
-
-class ScheduleError(ConfigurationError, MiddlewareError):
-    """A periodic actor's declaration is invalid (raised at import, naming the actor).
-
-    Also a Dramatiq ``MiddlewareError``: Dramatiq lets only those out of its hooks.
-    """
-
-
-@dataclass(frozen=True)
-class Interval:
-    """A fixed-interval schedule: every ``seconds``, on a grid anchored at ``anchor``.
-
-    The default anchor is the Unix epoch, the same on every instance.
-    """
-
-    seconds: float | timedelta
-    anchor: datetime | None = None
-
-
-def every(seconds: float | timedelta, *, anchor: datetime | None = None) -> Interval:
-    """``schedule=every(10)``: every ten seconds (see :class:`Interval`)."""
-    return Interval(seconds, anchor)
-
-
-@dataclass(frozen=True)
-class Periodic:
-    """One periodic actor, validated: what the engine needs to schedule it."""
-
-    actor_name: str
-    every: float | timedelta | None
-    anchor: datetime | None
-    cron: str | None
-    timezone: str | None
-    overrides: dict[str, Duration] = field(default_factory=dict)
-
-
-def broker_store_url(broker: Broker) -> str:
-    """The URL of the broker's own Redis/Valkey or RabbitMQ server, as a store URL."""
-    pool = getattr(getattr(broker, "client", None), "connection_pool", None)
-    if pool is not None:
-        kw = pool.connection_kwargs
-        if "path" not in kw:
-            scheme = "rediss" if pool.connection_class.__name__ == "SSLConnection" else "redis"
-            return f"{scheme}://{_userinfo(kw.get('username'), kw.get('password'))}" + (
-                f"{kw.get('host', 'localhost')}:{kw.get('port', 6379)}/{kw.get('db', 0)}"
-            )
-    parameters: Any = getattr(broker, "parameters", None)
-    if isinstance(parameters, list) and parameters:
-        parameters = parameters[0]
-    if parameters is not None and hasattr(parameters, "virtual_host"):
-        creds = getattr(parameters, "credentials", None)
-        scheme = "amqps" if getattr(parameters, "ssl_options", None) else "amqp"
-        userinfo = _userinfo(getattr(creds, "username", None), getattr(creds, "password", None))
-        vhost = quote(parameters.virtual_host, safe="")
-        return f"{scheme}://{userinfo}{parameters.host}:{parameters.port}/{vhost}"
-    raise ConfigurationError(
-        f"Anarchon(store=None): the broker ({type(broker).__name__}) cannot serve as the store:"
-        " pass store= a store URL (redis://, postgresql://, nats://, ...)"
-    )
-
-
-def _userinfo(user: str | None, password: str | None) -> str:
-    if not user and not password:
-        return ""
-    return f"{quote(user or '', safe='')}:{quote(password or '', safe='')}@"
-
-
-class PodLock:
-    """An exclusive, non-blocking ``flock`` on a file: held by one process, freed on death."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._fd: int | None = None
-
-    def acquire(self) -> bool:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            return False
-        self._fd = fd
-        return True
-
-    def release(self) -> None:
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)  # closing the last descriptor drops the lock
 
 
 class Anarchon(Middleware):
@@ -212,31 +109,8 @@ class Anarchon(Middleware):
         if not options:
             self.periodic.pop(actor.actor_name, None)
             return
-        try:
-            self.periodic[actor.actor_name] = self._read(actor.actor_name, options)
-        except ConfigurationError as exc:
-            raise ScheduleError(f"actor {actor.actor_name!r}: {exc}") from None
-
-    def _read(self, name: str, options: dict[str, Any]) -> Periodic:
-        value = options.get("schedule")
-        if value is None:
-            raise ConfigurationError(f"{', '.join(sorted(options))} given without schedule=")
-        timezone = options.get("schedule_timezone")
-        if isinstance(value, Interval):
-            spec = Periodic(name, value.seconds, value.anchor, None, timezone)
-        elif isinstance(value, str):
-            spec = Periodic(name, None, None, value, timezone)
-        else:
-            raise ConfigurationError(
-                f"schedule={value!r}: expected a cron string ('*/5 * * * *') or every(seconds)"
-            )
-        overrides = {OVERRIDES[k]: v for k, v in options.items() if k in OVERRIDES}
-        schedule = make_schedule(
-            every=spec.every, cron=spec.cron, timezone=spec.timezone, anchor=spec.anchor
-        )
-        job = Job(name, _noop, schedule, self.defaults.merged(**overrides))
-        check_pickup(self.pickup, job.options.lease)
-        return Periodic(name, spec.every, spec.anchor, spec.cron, spec.timezone, overrides)
+        name = actor.actor_name
+        self.periodic[name] = read_declaration(name, options, self.defaults, self.pickup)
 
     # -- the scheduler --------------------------------------------------
 
@@ -289,19 +163,15 @@ class Anarchon(Middleware):
         self._broker = broker
         if not self.scheduler or not self.periodic:
             return
-        digest = hashlib.sha256(
-            f"{self.namespace}|{self.store_url(broker)}|{os.getppid()}".encode()
-        ).hexdigest()[:16]
-        self._pod_lock = PodLock(os.path.join(tempfile.gettempdir(), f"anarchon-dq-{digest}.lock"))
+        self._pod_lock = PodLock.of_this_command(self.namespace, self.store_url(broker))
         self._stop.clear()
         self._thread = threading.Thread(target=self._hold, name="anarchon-pod-lock", daemon=True)
         self._thread.start()
 
     def _hold(self) -> None:
         assert self._pod_lock is not None and self._broker is not None
-        while not self._pod_lock.acquire():
-            if self._stop.wait(LOCK_RETRY):
-                return
+        if not self._pod_lock.wait(self._stop):
+            return
         try:
             engine = self.build_engine(self._broker, f"{socket.gethostname()}:{os.getpid()}:dq")
         except AnarchonError as exc:
@@ -375,7 +245,3 @@ class Anarchon(Middleware):
             held = self._leases.pop(id(message), None)
         if held is not None:
             held[0].finish(RunState.FAILED)
-
-
-def _noop() -> None:
-    """The placeholder handler used to validate a declaration."""

@@ -14,7 +14,7 @@ from anarchon_core import ConfigurationError, Run
 from anarchon_core.handoff import HandOff
 from anarchon_core.stores.memory import MemoryStore
 from anarchon_dramatiq import Anarchon, ScheduleError, every
-from anarchon_dramatiq.middleware import broker_store_url
+from anarchon_dramatiq.broker_store import broker_store_url
 
 
 def make_broker(**options: Any) -> tuple[StubBroker, Anarchon]:
