@@ -13,7 +13,8 @@ from .errors import (
     MissingDependency,
     StoreUnavailable,
 )
-from .jobs import Event, Job, JobOptions, Run
+from .events import Event, EventKind
+from .jobs import Job, JobOptions, Run
 from .scheduler import Scheduler
 from .schedules import Cron, Every, Schedule, make_schedule, slot_id
 from .store import Claim, ClaimRequest, ClaimStatus, JobState, RunRecord, RunState, Store
@@ -28,6 +29,7 @@ __all__ = [
     "ConfigurationError",
     "Cron",
     "Event",
+    "EventKind",
     "Every",
     "FakeClock",
     "Job",

@@ -26,7 +26,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 from .clock import SkewedClock, SystemClock
-from .jobs import Event, Run
+from .events import Event
+from .jobs import Run
 from .scheduler import Scheduler
 
 

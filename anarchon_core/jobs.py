@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-# ``anarchon_core.jobs.Duration`` and ``parse_duration`` stay importable from here.
+# ``Duration``, ``parse_duration`` and ``Event`` stay importable from this module too.
 from .durations import Duration as Duration
 from .durations import parse_duration as parse_duration
 from .errors import ConfigurationError, LeaseLost
+from .events import Event as Event
 from .schedules import Schedule
 from .slots import Slot
 
@@ -234,21 +235,3 @@ class Run:
 
     def __repr__(self) -> str:
         return f"<Run {self.slot_id} attempt={self.attempt} token={self.token}>"
-
-
-@dataclass(frozen=True)
-class Event:
-    """Something the engine did, for listeners, metrics and the demo.
-
-    ``kind`` is one of: ``won``, ``catch_up``, ``taken``, ``overlap``,
-    ``takeover``, ``finished``, ``failed``, ``dispatched`` (the handler handed
-    the run off, see :meth:`Run.hand_off`), ``lost``, ``finish_refused``,
-    ``handed_over``, ``missed``, ``store_unavailable``, ``store_recovered``.
-    """
-
-    kind: str
-    job: str | None
-    slot_id: str | None
-    attempt: int | None
-    instance: str
-    detail: str = ""

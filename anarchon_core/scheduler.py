@@ -29,7 +29,6 @@ import signal
 import socket
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -38,7 +37,8 @@ from typing import Any, TypeVar
 from .clock import Clock, SystemClock
 from .durations import Duration
 from .errors import ConfigurationError, StoreUnavailable
-from .jobs import Event, Job, JobOptions, Run
+from .events import Emitter, Event, EventKind
+from .jobs import Job, JobOptions, Run
 from .schedules import make_schedule
 from .slots import Slot
 from .store import Claim, ClaimRequest, ClaimStatus, JobState, RunState, Store
@@ -58,22 +58,8 @@ HANDOVER_WAIT = 10.0
 #: How often :meth:`Scheduler.run_forever` looks whether a stop signal came.
 SIGNAL_POLL = 0.05
 
-_LEVELS = {
-    "won": logging.DEBUG,
-    "taken": logging.DEBUG,
-    "finished": logging.DEBUG,
-    "dispatched": logging.DEBUG,
-    "catch_up": logging.INFO,
-    "overlap": logging.INFO,
-    "takeover": logging.INFO,
-    "handed_over": logging.INFO,
-    "store_recovered": logging.INFO,
-    "failed": logging.WARNING,
-    "lost": logging.WARNING,
-    "finish_refused": logging.WARNING,
-    "missed": logging.WARNING,
-    "store_unavailable": logging.WARNING,
-}
+#: The log level of each event kind, by name.
+_LEVELS = {kind.value: kind.level for kind in EventKind}
 
 
 def default_instance() -> str:
@@ -196,9 +182,11 @@ class Scheduler:
             raise ConfigurationError(f"store={store!r}: expected a Store or a store URL")
         self.namespace = self.store.namespace
         self.instance = instance or default_instance()
+        self._emit = Emitter(instance=self.instance, namespace=self.namespace, logger=log)
+        if listener:
+            self._emit.add_listener(listener)
         self._clock: Clock = clock or SystemClock()
         self._random = random.Random(seed)
-        self._listeners = [listener] if listener else []
         self._lock = threading.RLock()
         self._runtimes: dict[str, _Runtime] = {}
         self._done: queue.SimpleQueue[tuple[_Runtime, Run, RunState]] = queue.SimpleQueue()
@@ -208,7 +196,6 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self._backoff = 0.0
         self._retry_at = 0.0
-        self._stats: Counter[str] = Counter()
         self._handler_threads: list[threading.Thread] = []
         self._inline = inline
         #: The thread inside :meth:`run_pending`, and whether a stop waits for its end.
@@ -302,13 +289,12 @@ class Scheduler:
             return {name: rt.job for name, rt in self._runtimes.items()}
 
     def add_listener(self, listener: Callable[[Event], None]) -> None:
-        self._listeners.append(listener)
+        self._emit.add_listener(listener)
 
     @property
     def stats(self) -> dict[str, int]:
         """How many events of each kind this instance has seen (a metric)."""
-        with self._lock:
-            return dict(self._stats)
+        return self._emit.counts
 
     def running(self) -> list[Run]:
         """The runs this instance currently holds."""
@@ -398,7 +384,7 @@ class Scheduler:
                 log.warning("anarchon: could not hand %s over: %s", run.slot_id, exc)
                 continue
             if released:
-                self._emit("handed_over", run.job, run.slot_id, run.attempt)
+                self._emit(EventKind.HANDED_OVER, slot=active.slot, attempt=run.attempt)
 
     # -- the engine -----------------------------------------------------
 
@@ -432,7 +418,7 @@ class Scheduler:
             return self._backoff
         if self._backoff:
             self._backoff = 0.0
-            self._emit("store_recovered", None, None, None)
+            self._emit(EventKind.STORE_RECOVERED)
         return self._next_delay()
 
     def _snapshot(self) -> list[_Runtime]:
@@ -441,7 +427,7 @@ class Scheduler:
 
     def _store_failed(self, exc: StoreUnavailable) -> None:
         if not self._backoff:
-            self._emit("store_unavailable", None, None, None, str(exc))
+            self._emit(EventKind.STORE_UNAVAILABLE, detail=str(exc))
         self._backoff = min(BACKOFF_MAX, max(BACKOFF_MIN, self._backoff * 2))
         self._retry_at = self._clock.monotonic() + self._backoff
         # A runner that cannot renew for longer than its lease must give the run up.
@@ -504,11 +490,11 @@ class Scheduler:
             if latest is not None and latest.time > slot.time:
                 # Slots passed while this instance could not claim (paused, store down):
                 # only the most recent one may still be claimed, never a backlog.
-                self._emit("missed", rt.job.name, slot.id, None, "skipped")
+                self._emit(EventKind.MISSED, slot=slot, detail="skipped")
                 slot = rt.next_slot = latest
             limit = max(rt.job.catch_up_for(slot.time), rt.job.jitter + ON_TIME)
             if now - slot.time.timestamp() > limit:
-                self._emit("missed", rt.job.name, slot.id, None, "too late")
+                self._emit(EventKind.MISSED, slot=slot, detail="too late")
                 self._advance(rt, slot)
                 continue
             due.append((rt, slot))
@@ -525,25 +511,26 @@ class Scheduler:
         self._place(rt)
 
     def _claimed(self, rt: _Runtime, slot: Slot, claim: Claim) -> None:
-        name, sid = rt.job.name, slot.id
         holder = claim.holder
         if claim.won:
             assert holder is not None
             rt.watch = None
             late = self._lateness(slot) > rt.job.jitter + ON_TIME
-            self._emit("catch_up" if late else "won", name, sid, holder.attempt)
+            self._emit(
+                EventKind.CATCH_UP if late else EventKind.WON, slot=slot, attempt=holder.attempt
+            )
             self._begin(rt, slot, holder)
         elif claim.status is ClaimStatus.TAKEN:
-            self._emit("taken", name, sid, holder.attempt if holder else None)
+            self._emit(EventKind.TAKEN, slot=slot, attempt=holder.attempt if holder else None)
             if holder is not None:
                 self._watch(rt, holder)
         elif claim.status is ClaimStatus.BUSY:
-            running = Slot.from_ms(name, holder.slot_ms).id if holder else "?"
-            self._emit("overlap", name, sid, None, f"{running} still holds its lease")
+            running = Slot.from_ms(slot.job, holder.slot_ms).id if holder else "?"
+            self._emit(EventKind.OVERLAP, slot=slot, detail=f"{running} still holds its lease")
             if holder is not None and rt.watch is None and rt.active is None:
                 self._watch(rt, holder)
         else:
-            self._emit("taken", name, sid, None, "a newer slot is recorded")
+            self._emit(EventKind.TAKEN, slot=slot, detail="a newer slot is recorded")
 
     def _watch(self, rt: _Runtime, holder: JobState) -> None:
         if not self.store.supports_lease:
@@ -583,7 +570,9 @@ class Scheduler:
                     # the job's next slot supersedes it instead.
                     rt.watch = None
                     detail = "handed off but never picked up; not sent again"
-                    self._emit("missed", rt.job.name, watch.slot.id, record.attempt, detail)
+                    self._emit(
+                        EventKind.MISSED, slot=watch.slot, attempt=record.attempt, detail=detail
+                    )
                 else:
                     self._take_over(rt, record)
 
@@ -597,7 +586,7 @@ class Scheduler:
             rt.watch = None
             how = "hand-over" if record.state is RunState.RELEASED else "lease lapsed"
             slot = Slot.from_ms(job.name, record.slot_ms)
-            self._emit("takeover", job.name, slot.id, claim.holder.attempt, how)
+            self._emit(EventKind.TAKEOVER, slot=slot, attempt=claim.holder.attempt, detail=how)
             self._begin(rt, slot, claim.holder)
         elif claim.holder is not None and claim.holder.slot_ms == record.slot_ms:
             self._watch(rt, claim.holder)
@@ -661,13 +650,14 @@ class Scheduler:
                 if rt.removed:
                     with self._lock:
                         self._runtimes.pop(run.job, None)
+            slot = Slot(run.job, run.slot)
             if finished:
-                kind = "finished" if outcome is RunState.DONE else "failed"
-                kind = "dispatched" if handed_off else kind
-                self._emit(kind, run.job, run.slot_id, run.attempt)
+                kind = EventKind.FINISHED if outcome is RunState.DONE else EventKind.FAILED
+                kind = EventKind.DISPATCHED if handed_off else kind
+                self._emit(kind, slot=slot, attempt=run.attempt)
             else:
                 run._lose("finish refused: another instance holds the slot")
-                self._emit("finish_refused", run.job, run.slot_id, run.attempt)
+                self._emit(EventKind.FINISH_REFUSED, slot=slot, attempt=run.attempt)
 
     def _renew(self, now_mono: float, *, reachable: bool = True) -> None:
         if not self.store.supports_lease:
@@ -682,13 +672,20 @@ class Scheduler:
                     active.last_renewed = now_mono
                     active.next_renew = now_mono + rt.job.options.renew_every
                 elif run._lose("renewal refused: another instance took the slot over"):
-                    self._emit("lost", run.job, run.slot_id, run.attempt, run.lost_reason)
+                    self._emit(
+                        EventKind.LOST,
+                        slot=active.slot,
+                        attempt=run.attempt,
+                        detail=run.lost_reason,
+                    )
             elif (
                 not reachable
                 and now_mono - active.last_renewed >= lease
                 and run._lose("the store was unreachable for longer than the lease")
             ):
-                self._emit("lost", run.job, run.slot_id, run.attempt, run.lost_reason)
+                self._emit(
+                    EventKind.LOST, slot=active.slot, attempt=run.attempt, detail=run.lost_reason
+                )
 
     def _next_delay(self) -> float:
         now, now_mono = self._clock.time(), self._clock.monotonic()
@@ -701,29 +698,6 @@ class Scheduler:
             if rt.active is not None and not rt.active.run.lost:
                 delays.append(rt.active.next_renew - now_mono)
         return max(0.0, min(delays))
-
-    def _emit(
-        self, kind: str, job: str | None, sid: str | None, attempt: int | None, detail: str = ""
-    ) -> None:
-        event = Event(kind, job, sid, attempt, self.instance, detail)
-        with self._lock:
-            self._stats[kind] += 1
-        level = _LEVELS.get(kind, logging.INFO)
-        if log.isEnabledFor(level):
-            log.log(
-                level,
-                "anarchon: %s %s attempt %s on %s%s",
-                kind,
-                sid or self.namespace,
-                attempt if attempt is not None else "-",
-                self.instance,
-                f" ({detail})" if detail else "",
-            )
-        for listener in self._listeners:
-            try:
-                listener(event)
-            except Exception:
-                log.exception("anarchon: event listener %r failed", listener)
 
 
 async def _await(awaitable: Any) -> None:

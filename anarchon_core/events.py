@@ -1,0 +1,133 @@
+"""Events: what the engine reports, at which log level, and the emitter that reports it."""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .slots import Slot
+
+
+class EventKind(str, enum.Enum):
+    """What the engine did; each kind carries the :attr:`level` it is logged at.
+
+    A kind is also the string of its value, so ``event.kind == "won"`` holds,
+    and logs and f-strings show ``won``.
+    """
+
+    _value_: str
+    level: int
+
+    def __new__(cls, value: str, level: int) -> EventKind:
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.level = level
+        return member
+
+    def __str__(self) -> str:
+        return str.__str__(self)
+
+    #: This instance won a slot's claim, on time.
+    WON = ("won", logging.DEBUG)
+    #: This instance won a slot more than ``jitter + 1 s`` after its time.
+    CATCH_UP = ("catch_up", logging.INFO)
+    #: The slot was already claimed, or a newer slot is recorded.
+    TAKEN = ("taken", logging.DEBUG)
+    #: The slot was skipped: the previous slot still holds its lease.
+    OVERLAP = ("overlap", logging.INFO)
+    #: This instance took a slot over (detail ``lease lapsed`` or ``hand-over``).
+    TAKEOVER = ("takeover", logging.INFO)
+    #: A run of this instance ended as ``done``.
+    FINISHED = ("finished", logging.DEBUG)
+    #: A run of this instance ended as ``failed``.
+    FAILED = ("failed", logging.WARNING)
+    #: A handler handed its run off to an executor (:meth:`~anarchon_core.Run.hand_off`).
+    DISPATCHED = ("dispatched", logging.DEBUG)
+    #: This instance lost the lease of a run it holds.
+    LOST = ("lost", logging.WARNING)
+    #: A handler returned, but another instance holds the slot now.
+    FINISH_REFUSED = ("finish_refused", logging.WARNING)
+    #: This instance released a run during a graceful stop.
+    HANDED_OVER = ("handed_over", logging.INFO)
+    #: A slot was not claimed, or a handed-off run was never picked up.
+    MISSED = ("missed", logging.WARNING)
+    #: The store stopped answering (once per outage).
+    STORE_UNAVAILABLE = ("store_unavailable", logging.WARNING)
+    #: The store answers again.
+    STORE_RECOVERED = ("store_recovered", logging.INFO)
+
+
+@dataclass(frozen=True)
+class Event:
+    """Something the engine did, for listeners, metrics and the demo.
+
+    ``kind`` is an :class:`EventKind`; ``dispatched`` means the handler
+    handed the run off (see :meth:`Run.hand_off`). ``job``, ``slot_id`` and
+    ``attempt`` are ``None`` where they do not apply.
+    """
+
+    kind: EventKind
+    job: str | None
+    slot_id: str | None
+    attempt: int | None
+    instance: str
+    detail: str = ""
+
+
+class Emitter:
+    """Reports the events of one instance: counts them, logs them, calls the listeners.
+
+    Messages go to ``logger``, each at its kind's level.
+    """
+
+    def __init__(self, *, instance: str, namespace: str, logger: logging.Logger) -> None:
+        self.instance = instance
+        self.namespace = namespace
+        self._log = logger
+        self._listeners: list[Callable[[Event], None]] = []
+        self._counts: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def add_listener(self, listener: Callable[[Event], None]) -> None:
+        self._listeners.append(listener)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """How many events of each kind were reported, by kind name."""
+        with self._lock:
+            return dict(self._counts)
+
+    def __call__(
+        self,
+        kind: EventKind,
+        *,
+        slot: Slot | None = None,
+        attempt: int | None = None,
+        detail: str = "",
+    ) -> None:
+        """Report that ``kind`` happened, to ``slot`` (its ``attempt``) if it concerns one."""
+        sid = slot.id if slot is not None else None
+        event = Event(
+            kind, slot.job if slot is not None else None, sid, attempt, self.instance, detail
+        )
+        with self._lock:
+            self._counts[kind.value] += 1
+        if self._log.isEnabledFor(kind.level):
+            self._log.log(
+                kind.level,
+                "anarchon: %s %s attempt %s on %s%s",
+                kind,
+                sid or self.namespace,
+                attempt if attempt is not None else "-",
+                self.instance,
+                f" ({detail})" if detail else "",
+            )
+        for listener in self._listeners:
+            try:
+                listener(event)
+            except Exception:
+                self._log.exception("anarchon: event listener %r failed", listener)
