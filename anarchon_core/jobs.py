@@ -147,6 +147,8 @@ class Run:
     (a fencing value that rises with every claim and takeover of the job) and
     ``instance`` (who runs it). ``lost`` turns true when this instance no
     longer holds the lease; :meth:`check` raises :class:`LeaseLost` then.
+    The engine builds a run with :meth:`of` and drives it with the members
+    listed after :meth:`hand_off`.
     """
 
     __slots__ = (
@@ -175,18 +177,6 @@ class Run:
         self._reason = ""
         self._hand_off: float | None = None
         self._extend: Callable[[float], bool] | None = None
-
-    @classmethod
-    def of(cls, slot: Slot, *, attempt: int, token: int, instance: str) -> Run:
-        """The run of ``slot``: its ``job``, ``slot`` and ``slot_id`` all come from it."""
-        return cls(
-            job=slot.job,
-            slot=slot.time,
-            slot_id=slot.id,
-            attempt=attempt,
-            token=token,
-            instance=instance,
-        )
 
     @property
     def lost(self) -> bool:
@@ -221,17 +211,50 @@ class Run:
             raise ValueError("hand_off(lease): the lease must be positive")
         self.check()
         if self._extend is not None and not self._extend(lease):
-            self._lose("hand-off refused: another instance took the slot over")
+            self.mark_lost("hand-off refused: another instance took the slot over")
             self.check()
         self._hand_off = lease
 
-    def _lose(self, reason: str) -> bool:
-        """Mark the run lost; return False if it already was."""
+    # -- for the engine ------------------------------------------------
+
+    @classmethod
+    def of(
+        cls,
+        slot: Slot,
+        *,
+        attempt: int,
+        token: int,
+        instance: str,
+        extend: Callable[[float], bool] | None = None,
+    ) -> Run:
+        """The run of ``slot``: its ``job``, ``slot`` and ``slot_id`` all come from it.
+
+        ``extend(lease)`` sets the lease to ``lease`` seconds in the store, and
+        answers whether the store accepted; :meth:`hand_off` calls it.
+        """
+        run = cls(
+            job=slot.job,
+            slot=slot.time,
+            slot_id=slot.id,
+            attempt=attempt,
+            token=token,
+            instance=instance,
+        )
+        run._extend = extend
+        return run
+
+    def mark_lost(self, reason: str) -> bool:
+        """Record that the lease is lost, and why; False if it already was."""
         if self._lost.is_set():
             return False
         self._reason = reason
         self._lost.set()
         return True
+
+    @property
+    def handed_off_lease(self) -> float | None:
+        """The lease :meth:`hand_off` extended the run to, or None if it was not handed off."""
+        return self._hand_off
 
     def __repr__(self) -> str:
         return f"<Run {self.slot_id} attempt={self.attempt} token={self.token}>"

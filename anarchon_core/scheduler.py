@@ -15,6 +15,12 @@ Per job, an instance is in at most one of three roles for a slot:
 - **backup**: it lost to a runner; it checks the lease every ``watch``
   seconds and takes the slot over (compare-and-set on the token) once the
   lease lapsed or was released.
+
+The roles and their decisions live in :mod:`anarchon_core.roles`, which makes
+no store call; the scheduler asks the store and acts on what they decide. One
+step goes through its phases in order: finish the runs whose handler
+returned, renew leases, place new jobs on their schedule, claim the slots
+due, check the backed-up leases, and finish once more.
 """
 
 from __future__ import annotations
@@ -30,7 +36,6 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
 
@@ -39,6 +44,7 @@ from .durations import Duration
 from .errors import ConfigurationError, StoreUnavailable
 from .events import Emitter, Event, EventKind
 from .jobs import Job, JobOptions, Run
+from .roles import Backup, Completion, JobRuntime, Runner, Verdict
 from .schedules import make_schedule
 from .slots import Slot
 from .store import Claim, ClaimRequest, ClaimStatus, JobState, RunState, Store
@@ -47,8 +53,6 @@ log = logging.getLogger(__name__)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-#: How far past its time (beyond jitter) a slot still counts as on time.
-ON_TIME = 1.0
 #: Back-off after a store error, doubling up to the maximum.
 BACKOFF_MIN, BACKOFF_MAX = 0.1, 2.0
 #: The longest the loop sleeps, so that wall-clock jumps are noticed.
@@ -57,6 +61,8 @@ MAX_SLEEP = 1.0
 HANDOVER_WAIT = 10.0
 #: How often :meth:`Scheduler.run_forever` looks whether a stop signal came.
 SIGNAL_POLL = 0.05
+#: How many slot times' jitter draws are kept; past that, the older half is dropped.
+TICK_OFFSETS_KEPT = 4096
 
 #: The log level of each event kind, by name.
 _LEVELS = {kind.value: kind.level for kind in EventKind}
@@ -65,72 +71,6 @@ _LEVELS = {kind.value: kind.level for kind in EventKind}
 def default_instance() -> str:
     """``host:pid:random``: unique per process, readable in ``anarchon status``."""
     return f"{socket.gethostname()}:{os.getpid()}:{random.getrandbits(16):04x}"
-
-
-@dataclass
-class _Active:
-    """A run this instance holds."""
-
-    slot: Slot
-    run: Run
-    next_renew: float
-    last_renewed: float
-
-
-@dataclass
-class _Watch:
-    """A slot this instance backs up, and what it has seen of its lease."""
-
-    slot: Slot
-    token: int
-    next_check: float
-    #: The furthest lease end seen for this token, on this instance's monotonic clock.
-    furthest: float = 0.0
-    #: A lease longer than the job's own was seen: the run was handed off (Run.hand_off).
-    handed_off: bool = False
-    #: The lease end then moved earlier: an executor took the run and renews it.
-    picked_up: bool = False
-
-    def observe(self, record: JobState, now_mono: float, lease: float) -> None:
-        if record.token != self.token:
-            self.token, self.furthest, self.handed_off, self.picked_up = (
-                record.token,
-                0,
-                False,
-                False,
-            )
-        if record.state is not RunState.RUNNING:
-            return
-        end = now_mono + record.lease_remaining
-        if record.lease_remaining > lease + 1.0:
-            self.handed_off = True
-        if self.furthest and end < self.furthest - 1.0:
-            self.picked_up = True
-        self.furthest = max(self.furthest, end)
-
-
-class _Runtime:
-    """Per-job state of this instance."""
-
-    __slots__ = ("active", "claim_at", "job", "next_slot", "ready", "removed", "watch")
-
-    def __init__(self, job: Job) -> None:
-        self.job = job
-        self.next_slot: Slot | None = None
-        self.claim_at = 0.0
-        self.watch: _Watch | None = None
-        self.active: _Active | None = None
-        self.ready = False
-        self.removed = False
-
-    def slot_after(self, t: datetime) -> Slot:
-        """The job's first slot strictly after ``t``."""
-        return Slot(self.job.name, self.job.schedule.next_after(t))
-
-    def slot_at_or_before(self, t: datetime) -> Slot | None:
-        """The job's last slot at or before ``t``."""
-        latest = self.job.schedule.latest_at_or_before(t)
-        return None if latest is None else Slot(self.job.name, latest)
 
 
 class Scheduler:
@@ -188,8 +128,8 @@ class Scheduler:
         self._clock: Clock = clock or SystemClock()
         self._random = random.Random(seed)
         self._lock = threading.RLock()
-        self._runtimes: dict[str, _Runtime] = {}
-        self._done: queue.SimpleQueue[tuple[_Runtime, Run, RunState]] = queue.SimpleQueue()
+        self._runtimes: dict[str, JobRuntime] = {}
+        self._done: queue.SimpleQueue[Completion] = queue.SimpleQueue()
         self._tick_offsets: dict[int, float] = {}
         self._wake = threading.Event()
         self._stopping = threading.Event()
@@ -264,7 +204,7 @@ class Scheduler:
         with self._lock:
             existing = self._runtimes.get(job.name)
             if existing is None:
-                self._runtimes[job.name] = _Runtime(job)
+                self._runtimes[job.name] = JobRuntime(job)
             elif not existing.removed:
                 raise ConfigurationError(f"duplicate job name {job.name!r}")
             else:
@@ -279,8 +219,8 @@ class Scheduler:
         with self._lock:
             rt = self._runtimes[name]
             rt.removed = True
-            rt.next_slot = rt.watch = None
-            if rt.active is None:
+            rt.next_slot = rt.backup = None
+            if rt.runner is None:
                 del self._runtimes[name]
 
     @property
@@ -299,7 +239,7 @@ class Scheduler:
     def running(self) -> list[Run]:
         """The runs this instance currently holds."""
         with self._lock:
-            return [rt.active.run for rt in self._runtimes.values() if rt.active]
+            return [rt.runner.run for rt in self._runtimes.values() if rt.runner]
 
     # -- lifecycle ------------------------------------------------------
 
@@ -370,12 +310,12 @@ class Scheduler:
         except StoreUnavailable as exc:
             log.warning("anarchon: could not finish runs while stopping: %s", exc)
         for rt in self._snapshot():
-            active = rt.active
-            if active is None:
+            runner = rt.runner
+            if runner is None:
                 continue
-            rt.active = None
-            run = active.run
-            run._lose("handed over during shutdown")
+            rt.runner = None
+            run = runner.run
+            run.mark_lost("handed over during shutdown")
             if not self.store.supports_lease:
                 continue
             try:
@@ -384,9 +324,9 @@ class Scheduler:
                 log.warning("anarchon: could not hand %s over: %s", run.slot_id, exc)
                 continue
             if released:
-                self._emit(EventKind.HANDED_OVER, slot=active.slot, attempt=run.attempt)
+                self._emit(EventKind.HANDED_OVER, slot=runner.slot, attempt=run.attempt)
 
-    # -- the engine -----------------------------------------------------
+    # -- one step: run_pending and its phases ---------------------------
 
     def run_pending(self) -> float:
         """Do everything that is due now; return the seconds until more is due."""
@@ -407,11 +347,17 @@ class Scheduler:
         if now_mono < self._retry_at:
             return self._retry_at - now_mono
         try:
+            # Runs whose handler returned since the last step are finished first: the
+            # claim of their job's next slot would otherwise find their lease live and
+            # skip that slot as an overlap (and renewing them would be wasted).
             self._finish_completed()
             self._renew(now_mono)
             self._initialise()
             self._claim_due()
-            self._check_watches(now_mono)
+            self._check_backups(now_mono)
+            # And once more last: handlers begun in this step (inline ones always)
+            # may have returned already. Their slot is then finished or handed off
+            # within this step, before the engine sleeps.
             self._finish_completed()
         except StoreUnavailable as exc:
             self._store_failed(exc)
@@ -421,10 +367,6 @@ class Scheduler:
             self._emit(EventKind.STORE_RECOVERED)
         return self._next_delay()
 
-    def _snapshot(self) -> list[_Runtime]:
-        with self._lock:
-            return list(self._runtimes.values())
-
     def _store_failed(self, exc: StoreUnavailable) -> None:
         if not self._backoff:
             self._emit(EventKind.STORE_UNAVAILABLE, detail=str(exc))
@@ -433,8 +375,61 @@ class Scheduler:
         # A runner that cannot renew for longer than its lease must give the run up.
         self._renew(self._clock.monotonic(), reachable=False)
 
+    def _finish_completed(self) -> None:
+        """Phase 1 (and 6): finish the runs whose handler returned or raised."""
+        while True:
+            try:
+                done = self._done.get_nowait()
+            except queue.Empty:
+                return
+            rt, runner, run = done.runtime, done.runner, done.runner.run
+            try:
+                # A handed-off run belongs to whoever executes the work now.
+                finished = done.handed_off or self.store.finish(run.job, run.token, done.outcome)
+            except StoreUnavailable:
+                self._done.put(done)
+                raise
+            if rt.runner is runner:
+                rt.runner = None
+                if done.handed_off and not rt.removed:
+                    # Whoever executes it may die too: back it up like anyone else's run.
+                    rt.backup = Backup.of_hand_off(runner, self._clock.monotonic(), rt.options)
+                if rt.removed:
+                    with self._lock:
+                        self._runtimes.pop(run.job, None)
+            if finished:
+                self._emit(done.kind, slot=runner.slot, attempt=run.attempt)
+            else:
+                run.mark_lost("finish refused: another instance holds the slot")
+                self._emit(EventKind.FINISH_REFUSED, slot=runner.slot, attempt=run.attempt)
+
+    def _renew(self, now_mono: float, *, reachable: bool = True) -> None:
+        """Phase 2: renew the leases due; give up those the store could not renew in time."""
+        if not self.store.supports_lease:
+            return
+        for rt in self._snapshot():
+            runner = rt.runner
+            if runner is None or runner.run.lost:
+                continue
+            run = runner.run
+            if reachable and runner.renewal_due(now_mono):
+                if self.store.renew(run.job, run.token, rt.options.lease):
+                    runner.renewed(now_mono, rt.options)
+                elif run.mark_lost("renewal refused: another instance took the slot over"):
+                    self._emit_lost(runner)
+            elif (
+                not reachable
+                and runner.out_of_lease(now_mono, rt.options)
+                and run.mark_lost("the store was unreachable for longer than the lease")
+            ):
+                self._emit_lost(runner)
+
+    def _emit_lost(self, runner: Runner) -> None:
+        run = runner.run
+        self._emit(EventKind.LOST, slot=runner.slot, attempt=run.attempt, detail=run.lost_reason)
+
     def _initialise(self) -> None:
-        """Place new jobs on their schedule: catch up, or back up a running slot."""
+        """Phase 3: place new jobs on their schedule; catch up, or back up a running slot."""
         new = [rt for rt in self._snapshot() if not rt.ready and not rt.removed]
         if not new:
             return
@@ -449,39 +444,15 @@ class Scheduler:
                 # A job never seen before starts with its next slot, not a catch-up.
                 pass
             elif record.slot_ms == previous.ms:
-                self._watch(rt, record)
-            elif (
-                record.slot_ms < previous.ms
-                and self._lateness(previous) <= rt.job.catch_up_for(previous.time)
-                # A slot that came while the previous run still held its lease was
-                # skipped as an overlap, not missed: it is not caught up.
-                and record.lease_remaining + self._lateness(previous) <= 0
-            ):
+                self._back_up(rt, record)
+            elif rt.catches_up(previous, record, self._lateness(previous)):
                 rt.next_slot = previous
             self._place(rt)
 
-    def _now(self) -> datetime:
-        return datetime.fromtimestamp(self._clock.time(), timezone.utc)
-
-    def _lateness(self, slot: Slot) -> float:
-        return self._clock.time() - slot.time.timestamp()
-
-    def _place(self, rt: _Runtime) -> None:
-        """Set when this instance claims ``rt.next_slot``: the slot time plus jitter."""
-        assert rt.next_slot is not None
-        slot_ms = rt.next_slot.ms
-        offset = self._tick_offsets.get(slot_ms)
-        if offset is None:
-            # One draw per slot time, shared by the jobs due then, so they batch.
-            offset = self._tick_offsets[slot_ms] = self._random.random()
-            if len(self._tick_offsets) > 4096:
-                for old in sorted(self._tick_offsets)[:2048]:
-                    del self._tick_offsets[old]
-        rt.claim_at = rt.next_slot.time.timestamp() + offset * rt.job.jitter
-
     def _claim_due(self) -> None:
+        """Phase 4: claim every slot due, in one batch."""
         now = self._clock.time()
-        due: list[tuple[_Runtime, Slot]] = []
+        due: list[tuple[JobRuntime, Slot]] = []
         for rt in self._snapshot():
             if rt.next_slot is None or rt.claim_at > now:
                 continue
@@ -492,121 +463,125 @@ class Scheduler:
                 # only the most recent one may still be claimed, never a backlog.
                 self._emit(EventKind.MISSED, slot=slot, detail="skipped")
                 slot = rt.next_slot = latest
-            limit = max(rt.job.catch_up_for(slot.time), rt.job.jitter + ON_TIME)
-            if now - slot.time.timestamp() > limit:
+            if rt.too_late(slot, now - slot.time.timestamp()):
                 self._emit(EventKind.MISSED, slot=slot, detail="too late")
                 self._advance(rt, slot)
                 continue
             due.append((rt, slot))
         if not due:
             return
-        requests = [ClaimRequest(rt.job.name, slot.ms, rt.job.options.lease) for rt, slot in due]
+        requests = [ClaimRequest(rt.job.name, slot.ms, rt.options.lease) for rt, slot in due]
         claims = self.store.claim_many(requests, self.instance)
         for (rt, slot), claim in zip(due, claims, strict=False):
             self._advance(rt, slot)
             self._claimed(rt, slot, claim)
 
-    def _advance(self, rt: _Runtime, slot: Slot) -> None:
-        rt.next_slot = rt.slot_after(slot.time)
-        self._place(rt)
-
-    def _claimed(self, rt: _Runtime, slot: Slot, claim: Claim) -> None:
+    def _claimed(self, rt: JobRuntime, slot: Slot, claim: Claim) -> None:
         holder = claim.holder
         if claim.won:
             assert holder is not None
-            rt.watch = None
-            late = self._lateness(slot) > rt.job.jitter + ON_TIME
-            self._emit(
-                EventKind.CATCH_UP if late else EventKind.WON, slot=slot, attempt=holder.attempt
-            )
+            rt.backup = None
+            self._emit(rt.won_kind(self._lateness(slot)), slot=slot, attempt=holder.attempt)
             self._begin(rt, slot, holder)
         elif claim.status is ClaimStatus.TAKEN:
             self._emit(EventKind.TAKEN, slot=slot, attempt=holder.attempt if holder else None)
             if holder is not None:
-                self._watch(rt, holder)
+                self._back_up(rt, holder)
         elif claim.status is ClaimStatus.BUSY:
             running = Slot.from_ms(slot.job, holder.slot_ms).id if holder else "?"
             self._emit(EventKind.OVERLAP, slot=slot, detail=f"{running} still holds its lease")
-            if holder is not None and rt.watch is None and rt.active is None:
-                self._watch(rt, holder)
+            if holder is not None and rt.backup is None and rt.runner is None:
+                self._back_up(rt, holder)
         else:
             self._emit(EventKind.TAKEN, slot=slot, detail="a newer slot is recorded")
 
-    def _watch(self, rt: _Runtime, holder: JobState) -> None:
-        if not self.store.supports_lease:
-            return
-        # Judged by token, not by name: a restarted process may reuse its name.
-        held = rt.active is not None and rt.active.run.token == holder.token
-        if held or holder.state in (RunState.DONE, RunState.FAILED):
-            return
-        now_mono = self._clock.monotonic()
-        rt.watch = _Watch(Slot.from_ms(rt.job.name, holder.slot_ms), holder.token, now_mono)
-        rt.watch.observe(holder, now_mono, rt.job.options.lease)
-        if not holder.lapsed:
-            rt.watch.next_check += rt.job.options.watch
+    def _advance(self, rt: JobRuntime, slot: Slot) -> None:
+        rt.next_slot = rt.slot_after(slot.time)
+        self._place(rt)
 
-    def _check_watches(self, now_mono: float) -> None:
-        watched = [rt for rt in self._snapshot() if rt.watch and rt.watch.next_check <= now_mono]
-        if not watched:
+    def _place(self, rt: JobRuntime) -> None:
+        """Set when this instance claims ``rt.next_slot``: the slot time plus jitter."""
+        assert rt.next_slot is not None
+        slot_ms = rt.next_slot.ms
+        offset = self._tick_offsets.get(slot_ms)
+        if offset is None:
+            # One draw per slot time, shared by the jobs due then, so they batch.
+            offset = self._tick_offsets[slot_ms] = self._random.random()
+            if len(self._tick_offsets) > TICK_OFFSETS_KEPT:
+                for old in sorted(self._tick_offsets)[: TICK_OFFSETS_KEPT // 2]:
+                    del self._tick_offsets[old]
+        rt.place(offset)
+
+    def _check_backups(self, now_mono: float) -> None:
+        """Phase 5: check the leases of the slots this instance backs up."""
+        checked = [rt for rt in self._snapshot() if rt.backup and rt.backup.next_check <= now_mono]
+        if not checked:
             return
-        states = self.store.states(rt.job.name for rt in watched)
-        for rt in watched:
-            watch = rt.watch
+        states = self.store.states(rt.job.name for rt in checked)
+        for rt in checked:
+            backup = rt.backup
+            if backup is None:  # the job was removed meanwhile
+                continue
             record = states.get(rt.job.name)
-            if (
-                watch is None
-                or record is None
-                or record.slot_ms != watch.slot.ms
-                or record.state in (RunState.DONE, RunState.FAILED)
-            ):
-                rt.watch = None
-            else:
-                watch.observe(record, now_mono, rt.job.options.lease)
-                if not record.lapsed:
-                    watch.next_check = now_mono + rt.job.options.watch
-                elif watch.handed_off and not watch.picked_up and record.state is RunState.RUNNING:
-                    # Handed off but never picked up: the work may be running somewhere
-                    # that cannot renew (or was lost). Sending it again could run it twice;
-                    # the job's next slot supersedes it instead.
-                    rt.watch = None
-                    detail = "handed off but never picked up; not sent again"
-                    self._emit(
-                        EventKind.MISSED, slot=watch.slot, attempt=record.attempt, detail=detail
-                    )
-                else:
-                    self._take_over(rt, record)
+            verdict = backup.verdict(record, now_mono, rt.options)
+            if verdict is Verdict.DROP:
+                rt.backup = None
+            elif verdict is Verdict.MISSED:
+                assert record is not None
+                rt.backup = None
+                detail = "handed off but never picked up; not sent again"
+                self._emit(
+                    EventKind.MISSED, slot=backup.slot, attempt=record.attempt, detail=detail
+                )
+            elif verdict is Verdict.TAKE_OVER:
+                assert record is not None
+                self._take_over(rt, record)
 
-    def _take_over(self, rt: _Runtime, record: JobState) -> None:
+    def _take_over(self, rt: JobRuntime, record: JobState) -> None:
         job = rt.job
         claim = self.store.takeover(
             job.name, record.slot_ms, self.instance, job.options.lease, record.token
         )
         if claim.won:
             assert claim.holder is not None
-            rt.watch = None
+            rt.backup = None
             how = "hand-over" if record.state is RunState.RELEASED else "lease lapsed"
             slot = Slot.from_ms(job.name, record.slot_ms)
             self._emit(EventKind.TAKEOVER, slot=slot, attempt=claim.holder.attempt, detail=how)
             self._begin(rt, slot, claim.holder)
         elif claim.holder is not None and claim.holder.slot_ms == record.slot_ms:
-            self._watch(rt, claim.holder)
+            self._back_up(rt, claim.holder)
         else:
-            rt.watch = None
+            rt.backup = None
 
-    def _begin(self, rt: _Runtime, slot: Slot, holder: JobState) -> None:
-        run = Run.of(slot, attempt=holder.attempt, token=holder.token, instance=self.instance)
-        run._extend = lambda lease: self.store.renew(run.job, run.token, lease)
-        now_mono = self._clock.monotonic()
-        rt.active = _Active(slot, run, now_mono + rt.job.options.renew_every, now_mono)
+    # -- taking up a role -----------------------------------------------
+
+    def _back_up(self, rt: JobRuntime, holder: JobState) -> None:
+        """Become the backup of ``holder``'s run, if the store keeps leases and it needs one."""
+        if self.store.supports_lease and rt.backs_up(holder):
+            slot = Slot.from_ms(rt.job.name, holder.slot_ms)
+            rt.backup = Backup.of(slot, holder, self._clock.monotonic(), rt.options)
+
+    def _begin(self, rt: JobRuntime, slot: Slot, holder: JobState) -> None:
+        """Become the runner of ``slot``, whose lease ``holder`` grants, and run its handler."""
+        token = holder.token
+        run = Run.of(
+            slot,
+            attempt=holder.attempt,
+            token=token,
+            instance=self.instance,
+            extend=lambda lease: self.store.renew(slot.job, token, lease),
+        )
+        runner = rt.runner = Runner.start(slot, run, self._clock.monotonic(), rt.options)
         if self._inline:
-            self._execute(rt, run)
+            self._execute(rt, runner)
             return
-        thread = self._clock.spawn(lambda: self._execute(rt, run), f"anarchon:{run.slot_id}")
+        thread = self._clock.spawn(lambda: self._execute(rt, runner), f"anarchon:{run.slot_id}")
         self._handler_threads = [t for t in self._handler_threads if t.is_alive()]
         self._handler_threads.append(thread)
 
-    def _execute(self, rt: _Runtime, run: Run) -> None:
-        outcome = RunState.DONE
+    def _execute(self, rt: JobRuntime, runner: Runner) -> None:
+        run, outcome = runner.run, RunState.DONE
         try:
             handler = rt.job.handler
             result = handler(run) if rt.job.takes_run else handler()
@@ -617,86 +592,26 @@ class Scheduler:
             log.exception(
                 "anarchon: job %s failed (%s attempt %d)", run.job, run.slot_id, run.attempt
             )
-        self._done.put((rt, run, outcome))
+        self._done.put(Completion(rt, runner, outcome))
         self._wake.set()
 
-    def _finish_completed(self) -> None:
-        while True:
-            try:
-                rt, run, outcome = self._done.get_nowait()
-            except queue.Empty:
-                return
-            handed_off = run._hand_off is not None and outcome is RunState.DONE
-            try:
-                # A handed-off run belongs to whoever executes the work now.
-                finished = handed_off or self.store.finish(run.job, run.token, outcome)
-            except StoreUnavailable:
-                self._done.put((rt, run, outcome))
-                raise
-            active = rt.active
-            if active is not None and active.run is run:
-                rt.active = None
-                if handed_off and not rt.removed:
-                    # Whoever executes it may die too: back it up like anyone else's run.
-                    now_mono = self._clock.monotonic()
-                    assert run._hand_off is not None
-                    rt.watch = _Watch(
-                        active.slot,
-                        run.token,
-                        now_mono + rt.job.options.watch,
-                        furthest=now_mono + run._hand_off,
-                        handed_off=run._hand_off > rt.job.options.lease + 1.0,
-                    )
-                if rt.removed:
-                    with self._lock:
-                        self._runtimes.pop(run.job, None)
-            slot = Slot(run.job, run.slot)
-            if finished:
-                kind = EventKind.FINISHED if outcome is RunState.DONE else EventKind.FAILED
-                kind = EventKind.DISPATCHED if handed_off else kind
-                self._emit(kind, slot=slot, attempt=run.attempt)
-            else:
-                run._lose("finish refused: another instance holds the slot")
-                self._emit(EventKind.FINISH_REFUSED, slot=slot, attempt=run.attempt)
+    # -- time and state -------------------------------------------------
 
-    def _renew(self, now_mono: float, *, reachable: bool = True) -> None:
-        if not self.store.supports_lease:
-            return
-        for rt in self._snapshot():
-            active = rt.active
-            if active is None or active.run.lost:
-                continue
-            run, lease = active.run, rt.job.options.lease
-            if reachable and active.next_renew <= now_mono:
-                if self.store.renew(run.job, run.token, lease):
-                    active.last_renewed = now_mono
-                    active.next_renew = now_mono + rt.job.options.renew_every
-                elif run._lose("renewal refused: another instance took the slot over"):
-                    self._emit(
-                        EventKind.LOST,
-                        slot=active.slot,
-                        attempt=run.attempt,
-                        detail=run.lost_reason,
-                    )
-            elif (
-                not reachable
-                and now_mono - active.last_renewed >= lease
-                and run._lose("the store was unreachable for longer than the lease")
-            ):
-                self._emit(
-                    EventKind.LOST, slot=active.slot, attempt=run.attempt, detail=run.lost_reason
-                )
+    def _snapshot(self) -> list[JobRuntime]:
+        with self._lock:
+            return list(self._runtimes.values())
+
+    def _now(self) -> datetime:
+        return datetime.fromtimestamp(self._clock.time(), timezone.utc)
+
+    def _lateness(self, slot: Slot) -> float:
+        return self._clock.time() - slot.time.timestamp()
 
     def _next_delay(self) -> float:
         now, now_mono = self._clock.time(), self._clock.monotonic()
         delays = [MAX_SLEEP]
         for rt in self._snapshot():
-            if rt.next_slot is not None:
-                delays.append(rt.claim_at - now)
-            if rt.watch is not None:
-                delays.append(rt.watch.next_check - now_mono)
-            if rt.active is not None and not rt.active.run.lost:
-                delays.append(rt.active.next_renew - now_mono)
+            delays.extend(rt.deadlines(now, now_mono))
         return max(0.0, min(delays))
 
 

@@ -1,0 +1,234 @@
+"""The roles an instance plays for a job's slots, and their decisions; no store I/O here.
+
+Per job, :class:`JobRuntime` holds what this instance knows: the next slot it
+will claim, the :class:`Runner` of a slot it won and the :class:`Backup` of a
+slot another instance runs. Their methods decide from what the store
+answered and from the time they are given; the engine
+(:class:`~anarchon_core.scheduler.Scheduler`) asks the store and acts.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+
+from .events import EventKind
+from .jobs import Job, JobOptions, Run
+from .slots import Slot
+from .store import JobState, RunState
+
+#: How far past its time (beyond jitter) a slot still counts as on time.
+ON_TIME = 1.0
+#: A lease longer than the job's own by more than this (seconds) was handed off
+#: (:meth:`Run.hand_off`); the margin absorbs the time the record took to read.
+HAND_OFF_MARGIN = 1.0
+#: A handed-off lease whose end moved earlier by more than this (seconds) was
+#: picked up: its executor renews it with the job's own, shorter lease.
+PICKUP_MARGIN = 1.0
+
+#: States of a run that has ended: nothing to back up.
+ENDED = (RunState.DONE, RunState.FAILED)
+
+
+class Verdict(enum.Enum):
+    """What a backup makes of the record it checked."""
+
+    #: The lease is live: check again later.
+    WATCH = "watch"
+    #: The run ended, or the record moved on to another slot: stop backing it up.
+    DROP = "drop"
+    #: The lease lapsed or was handed over: take the slot over.
+    TAKE_OVER = "take_over"
+    #: Handed off but never picked up: the work may run where nothing renews it,
+    #: so it is not sent again; the job's next slot supersedes it.
+    MISSED = "missed"
+
+
+@dataclass
+class Runner:
+    """A run this instance holds, and when its lease is renewed."""
+
+    slot: Slot
+    run: Run
+    next_renew: float
+    last_renewed: float
+
+    @classmethod
+    def start(cls, slot: Slot, run: Run, now_mono: float, options: JobOptions) -> Runner:
+        """The runner of ``run``, whose lease the store just granted."""
+        return cls(slot, run, now_mono + options.renew_every, now_mono)
+
+    def renewal_due(self, now_mono: float) -> bool:
+        return self.next_renew <= now_mono
+
+    def renewed(self, now_mono: float, options: JobOptions) -> None:
+        self.last_renewed = now_mono
+        self.next_renew = now_mono + options.renew_every
+
+    def out_of_lease(self, now_mono: float, options: JobOptions) -> bool:
+        """Whether the lease has run out since the last renewal this instance saw."""
+        return now_mono - self.last_renewed >= options.lease
+
+
+@dataclass
+class Backup:
+    """A slot another instance runs, which this instance takes over if its lease lapses."""
+
+    slot: Slot
+    token: int
+    next_check: float
+    #: The furthest lease end seen for this token, on this instance's monotonic clock.
+    furthest: float = 0.0
+    #: A lease longer than the job's own was seen: the run was handed off (Run.hand_off).
+    handed_off: bool = False
+    #: The lease end then moved earlier: an executor took the run and renews it.
+    picked_up: bool = False
+
+    @classmethod
+    def of(cls, slot: Slot, holder: JobState, now_mono: float, options: JobOptions) -> Backup:
+        """A backup of ``holder``'s run, checked at once if its lease already lapsed."""
+        backup = cls(slot, holder.token, now_mono)
+        backup.observe(holder, now_mono, options)
+        if not holder.lapsed:
+            backup.next_check += options.watch
+        return backup
+
+    @classmethod
+    def of_hand_off(cls, runner: Runner, now_mono: float, options: JobOptions) -> Backup:
+        """A backup of this instance's own run, which its handler handed off."""
+        lease = runner.run.handed_off_lease
+        assert lease is not None
+        return cls(
+            runner.slot,
+            runner.run.token,
+            now_mono + options.watch,
+            furthest=now_mono + lease,
+            handed_off=lease > options.lease + HAND_OFF_MARGIN,
+        )
+
+    def observe(self, record: JobState, now_mono: float, options: JobOptions) -> None:
+        """Note what ``record`` says of the lease: a hand-off, or its pickup."""
+        if record.token != self.token:
+            self.token, self.furthest, self.handed_off, self.picked_up = (
+                record.token,
+                0,
+                False,
+                False,
+            )
+        if record.state is not RunState.RUNNING:
+            return
+        end = now_mono + record.lease_remaining
+        if record.lease_remaining > options.lease + HAND_OFF_MARGIN:
+            self.handed_off = True
+        if self.furthest and end < self.furthest - PICKUP_MARGIN:
+            self.picked_up = True
+        self.furthest = max(self.furthest, end)
+
+    def verdict(self, record: JobState | None, now_mono: float, options: JobOptions) -> Verdict:
+        """What to do about ``record``, the job's current record in the store."""
+        if record is None or record.slot_ms != self.slot.ms or record.state in ENDED:
+            return Verdict.DROP
+        self.observe(record, now_mono, options)
+        if not record.lapsed:
+            self.next_check = now_mono + options.watch
+            return Verdict.WATCH
+        if self.handed_off and not self.picked_up and record.state is RunState.RUNNING:
+            return Verdict.MISSED
+        return Verdict.TAKE_OVER
+
+
+class JobRuntime:
+    """What this instance knows of one job: its next slot, its runner and its backup."""
+
+    __slots__ = ("backup", "claim_at", "job", "next_slot", "ready", "removed", "runner")
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+        self.next_slot: Slot | None = None
+        #: When this instance claims ``next_slot`` (wall-clock Unix seconds).
+        self.claim_at = 0.0
+        self.backup: Backup | None = None
+        self.runner: Runner | None = None
+        #: Placed on its schedule (after reading the store's record of it).
+        self.ready = False
+        #: Removed while a run of it goes on; it goes once that run ends.
+        self.removed = False
+
+    @property
+    def options(self) -> JobOptions:
+        return self.job.options
+
+    def slot_after(self, t: datetime) -> Slot:
+        """The job's first slot strictly after ``t``."""
+        return Slot(self.job.name, self.job.schedule.next_after(t))
+
+    def slot_at_or_before(self, t: datetime) -> Slot | None:
+        """The job's last slot at or before ``t``."""
+        latest = self.job.schedule.latest_at_or_before(t)
+        return None if latest is None else Slot(self.job.name, latest)
+
+    def place(self, offset: float) -> None:
+        """Claim ``next_slot`` at its time plus ``offset`` (0 to 1) of the jitter."""
+        assert self.next_slot is not None
+        self.claim_at = self.next_slot.time.timestamp() + offset * self.job.jitter
+
+    def catches_up(self, previous: Slot, record: JobState, lateness: float) -> bool:
+        """Whether a starting instance still claims ``previous``, ``lateness`` seconds late.
+
+        Only if the store's record is of an older slot, ``previous`` is within
+        the catch-up window, and it was missed rather than skipped as an
+        overlap (it came after the older run's lease had ended).
+        """
+        return (
+            record.slot_ms < previous.ms
+            and lateness <= self.job.catch_up_for(previous.time)
+            and record.lease_remaining + lateness <= 0
+        )
+
+    def too_late(self, slot: Slot, lateness: float) -> bool:
+        """Whether ``slot``, ``lateness`` seconds past its time, may no longer be claimed."""
+        return lateness > max(self.job.catch_up_for(slot.time), self.job.jitter + ON_TIME)
+
+    def won_kind(self, lateness: float) -> EventKind:
+        """A won claim ``lateness`` seconds after its slot: on time, or a catch-up."""
+        return EventKind.CATCH_UP if lateness > self.job.jitter + ON_TIME else EventKind.WON
+
+    def backs_up(self, holder: JobState) -> bool:
+        """Whether ``holder``'s run is one to back up: not ended, and not this instance's.
+
+        Judged by token, not by owner name: a restarted process may reuse its name.
+        """
+        held = self.runner is not None and self.runner.run.token == holder.token
+        return not held and holder.state not in ENDED
+
+    def deadlines(self, now: float, now_mono: float) -> Iterator[float]:
+        """Seconds until each thing due for this job: its claim, backup check, renewal."""
+        if self.next_slot is not None:
+            yield self.claim_at - now
+        if self.backup is not None:
+            yield self.backup.next_check - now_mono
+        if self.runner is not None and not self.runner.run.lost:
+            yield self.runner.next_renew - now_mono
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A handler returned (``done``) or raised (``failed``): the engine finishes its run."""
+
+    runtime: JobRuntime
+    runner: Runner
+    outcome: RunState
+
+    @property
+    def handed_off(self) -> bool:
+        """The handler returned after handing the run off: its executor finishes it."""
+        return self.runner.run.handed_off_lease is not None and self.outcome is RunState.DONE
+
+    @property
+    def kind(self) -> EventKind:
+        """The event reporting the run's end."""
+        if self.handed_off:
+            return EventKind.DISPATCHED
+        return EventKind.FINISHED if self.outcome is RunState.DONE else EventKind.FAILED
