@@ -69,6 +69,8 @@ from ..urls import redact, scrub
 
 #: Seconds a call waits for a connection once the server was seen away.
 _DOWN_WAIT = 1.0
+#: The longest close() waits for the pool's threads.
+CLOSE_WAIT = 1.0
 _UNAVAILABLE = (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout)
 _COLUMNS = "job, slot_ms, owner, attempt, token, state, "
 _COLUMNS += "extract(epoch FROM lease_until - clock_timestamp())::float8"
@@ -357,7 +359,9 @@ class PostgresStore(Store):
     def close(self) -> None:
         """Close the pool if this store opened it."""
         if self._owns_pool:
-            self._pool.close()
+            # The pool's threads may be opening a connection: a stop must not wait
+            # for them long (they are daemons; the process may end under them).
+            self._pool.close(timeout=CLOSE_WAIT)
 
     def __repr__(self) -> str:
         return f"<PostgresStore {self._where} namespace={self.namespace!r}>"
