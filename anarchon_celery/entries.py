@@ -49,10 +49,6 @@ class ScheduledEntry:
     spec: Entry
 
 
-def _no_handler() -> None:
-    """Stands for a job's handler while an entry is checked."""
-
-
 def check_entry(
     entry: ScheduleEntry, where: str, app: Celery, settings: BeatSettings | None
 ) -> Entry:
@@ -67,7 +63,7 @@ def check_entry(
     try:
         options = settings.defaults.merged(**spec.overrides)
         schedule = make_schedule(every=spec.every, cron=spec.cron, timezone=spec.timezone)
-        Job(name=spec.name, handler=_no_handler, schedule=schedule, options=options)
+        Job.check(spec.name, schedule, options)
         check_pickup(settings.pickup, options.lease, name="anarchon_pickup")
     except ConfigurationError as exc:
         raise ConfigurationError(f"{where}: {exc}") from None

@@ -97,16 +97,25 @@ class Job:
     options: JobOptions = field(default_factory=JobOptions)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name.strip():
-            raise ConfigurationError(f"job name {self.name!r}: must be a non-empty string")
-        if len(self.name) > 200:
-            raise ConfigurationError(f"job name {self.name[:40]!r}...: longer than 200 characters")
+        self.check(self.name, self.schedule, self.options)
         if not callable(self.handler):
             raise ConfigurationError(f"job {self.name!r}: handler {self.handler!r} is not callable")
-        interval = self.schedule.min_interval.total_seconds()
-        if self.options.jitter is not None and self.options.jitter >= interval:
+
+    @staticmethod
+    def check(name: str, schedule: Schedule, options: JobOptions) -> None:
+        """Refuse a job's name, schedule and options that cannot go together.
+
+        For declarations whose handler lives elsewhere (a Celery task, a
+        Dramatiq actor): the same rules as a job's, without building one.
+        """
+        if not isinstance(name, str) or not name.strip():
+            raise ConfigurationError(f"job name {name!r}: must be a non-empty string")
+        if len(name) > 200:
+            raise ConfigurationError(f"job name {name[:40]!r}...: longer than 200 characters")
+        interval = schedule.min_interval.total_seconds()
+        if options.jitter is not None and options.jitter >= interval:
             raise ConfigurationError(
-                f"job {self.name!r}: jitter={self.options.jitter:g}s is not shorter than the"
+                f"job {name!r}: jitter={options.jitter:g}s is not shorter than the"
                 f" interval ({interval:g}s)"
             )
 

@@ -15,18 +15,17 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from .events import EventKind
+from .handoff import is_pickup_lease
 from .jobs import Job, JobOptions, Run
 from .slots import Slot
 from .store import JobState, RunState
 
 #: How far past its time (beyond jitter) a slot still counts as on time.
 ON_TIME = 1.0
-#: A lease longer than the job's own by more than this (seconds) was handed off
-#: (:meth:`Run.hand_off`); the margin absorbs the time the record took to read.
-HAND_OFF_MARGIN = 1.0
 #: A handed-off lease whose end moved earlier by more than this (seconds) was
-#: picked up: its executor renews it with the job's own, shorter lease.
-PICKUP_MARGIN = 1.0
+#: picked up: its executor renews it with the job's own, shorter lease. (A lease
+#: was handed off at all when it is a pickup lease: see :func:`is_pickup_lease`.)
+PICKED_UP_SHIFT = 1.0
 
 #: States of a run that has ended: nothing to back up.
 ENDED = (RunState.DONE, RunState.FAILED)
@@ -105,7 +104,7 @@ class Backup:
             runner.run.token,
             now_mono + options.watch,
             furthest=now_mono + lease,
-            handed_off=lease > options.lease + HAND_OFF_MARGIN,
+            handed_off=is_pickup_lease(lease, options.lease),
         )
 
     def observe(self, record: JobState, now_mono: float, options: JobOptions) -> None:
@@ -120,9 +119,9 @@ class Backup:
         if record.state is not RunState.RUNNING:
             return
         end = now_mono + record.lease_remaining
-        if record.lease_remaining > options.lease + HAND_OFF_MARGIN:
+        if is_pickup_lease(record.lease_remaining, options.lease):
             self.handed_off = True
-        if self.furthest and end < self.furthest - PICKUP_MARGIN:
+        if self.furthest and end < self.furthest - PICKED_UP_SHIFT:
             self.picked_up = True
         self.furthest = max(self.furthest, end)
 

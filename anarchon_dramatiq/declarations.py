@@ -66,10 +66,6 @@ class Periodic:
     overrides: dict[str, Duration] = field(default_factory=dict)
 
 
-def _no_handler() -> None:
-    """Stands for the actor's handler while its declaration is checked."""
-
-
 def read_declaration(
     name: str, options: Mapping[str, Any], defaults: JobOptions, pickup: float
 ) -> Periodic:
@@ -102,7 +98,6 @@ def _read(name: str, options: Mapping[str, Any], defaults: JobOptions, pickup: f
         every=spec.every, cron=spec.cron, timezone=spec.timezone, anchor=spec.anchor
     )
     job_options = defaults.merged(**overrides)
-    # The job's own rules (its name; a jitter shorter than the interval) are Job's.
-    Job(name, _no_handler, schedule, job_options)
+    Job.check(name, schedule, job_options)
     check_pickup(pickup, job_options.lease)
     return Periodic(name, spec.every, spec.anchor, spec.cron, spec.timezone, overrides)
