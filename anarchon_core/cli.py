@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.command == "demo":
-        from .demo import run_demo
+        from .tools.demo import run_demo
 
         if args.instances < 2:
             parser.error("--instances: at least 2, or there is nobody to take over")

@@ -2,7 +2,7 @@
 
 A pod's processes (a worker and the processes it forks) share a process
 group, so a signal reaches all of them, as a container runtime's would. The
-test apps append JSON lines (``anarchon_core.instance.Reporter``) to one
+test apps append JSON lines (``anarchon_core.tools.instance.Reporter``) to one
 report file that the tests read.
 """
 

@@ -18,7 +18,7 @@ from typing import Any
 from celery import Celery
 from celery.schedules import crontab
 
-from anarchon_core.instance import Reporter
+from anarchon_core.tools.instance import Reporter
 
 app = Celery("anarchon_e2e", broker=os.environ["E2E_BROKER"])
 

@@ -19,8 +19,8 @@ import pytest
 
 from anarchon_core import RunState
 from anarchon_core.cli import main
-from anarchon_core.demo import STOP_GRACE
 from anarchon_core.stores.sqlite import SQLiteStore
+from anarchon_core.tools.demo import STOP_GRACE
 
 SLOT = 1_700_000_000_000
 

@@ -19,7 +19,7 @@ from dramatiq import Broker
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import CurrentMessage
 
-from anarchon_core.instance import Reporter
+from anarchon_core.tools.instance import Reporter
 from anarchon_dramatiq import Anarchon, every
 
 NAMESPACE = os.environ["E2E_NAMESPACE"]

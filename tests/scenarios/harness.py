@@ -17,7 +17,7 @@ Line = dict[str, Any]
 
 
 class Fleet:
-    """Instance processes of ``anarchon_core.instance`` and their shared report."""
+    """Instance processes of ``anarchon_core.tools.instance`` and their shared report."""
 
     def __init__(self, tmp_path: Path, store: str, *, namespace: str = "demo", **job: Any) -> None:
         self.store = store
@@ -31,7 +31,7 @@ class Fleet:
     def start(self, *names: str, wait: bool = True, **overrides: Any) -> None:
         for name in names:
             options = {**self.job, **overrides}
-            argv = [sys.executable, "-m", "anarchon_core.instance"]
+            argv = [sys.executable, "-m", "anarchon_core.tools.instance"]
             argv += ["--store", self.store, "--namespace", self.namespace]
             argv += ["--name", name, "--report", str(self.report)]
             for key, value in options.items():

@@ -33,7 +33,7 @@ def _stop_one(tmp_path: Path, index: int, seed: int) -> str | None:
     folder.mkdir()
     report = folder / "report.jsonl"
     report.touch()
-    argv = [sys.executable, "-m", "anarchon_core.instance", "--store"]
+    argv = [sys.executable, "-m", "anarchon_core.tools.instance", "--store"]
     argv += [f"sqlite:///{folder / 'db'}", "--name", f"i{index}", "--report", str(report)]
     argv += ["--every", "1", "--watch", "0.25"]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

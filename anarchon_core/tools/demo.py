@@ -1,6 +1,6 @@
 """``anarchon demo``: several local instances sharing one SQLite file.
 
-The demo starts ``--instances`` processes of :mod:`anarchon_core.instance`,
+The demo starts ``--instances`` processes of :mod:`anarchon_core.tools.instance`,
 each running the same job every ``--interval`` seconds against one SQLite
 file in a temporary folder, and prints one line per run as it starts: the
 slot, the instance that won it, the attempt. A third of the way in it
@@ -134,7 +134,7 @@ class Demo:
 
     def spawn(self, name: str) -> bool:
         """Start instance ``name``, unless the demo is stopping; return whether it started."""
-        argv = [sys.executable, "-m", "anarchon_core.instance", "--store", self.store]
+        argv = [sys.executable, "-m", "anarchon_core.tools.instance", "--store", self.store]
         argv += ["--name", name, "--report", str(self.report), "--job", "tick"]
         argv += ["--every", str(self.interval), "--work", str(self.interval * 0.4)]
         argv += ["--lease", str(max(1.0, self.interval / 2)), "--watch", "0.25"]

@@ -12,7 +12,7 @@ Under ``anarchon demo`` an instance starts with SIGINT blocked (the demo
 starts it so), so the terminal's Ctrl-C, sent to the whole process group,
 leaves the instance to the demo, which stops it with one SIGTERM.
 
-Run it as ``python -m anarchon_core.instance --store URL --name a --report FILE``.
+Run it as ``python -m anarchon_core.tools.instance --store URL --name a --report FILE``.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ import time
 from datetime import datetime, timezone
 from typing import Any
 
-from .clock import SkewedClock, SystemClock
-from .events import Event
-from .jobs import Run
-from .scheduler import Scheduler
+from ..clock import SkewedClock, SystemClock
+from ..events import Event
+from ..jobs import Run
+from ..scheduler import Scheduler
 
 
 class Reporter:
@@ -55,7 +55,7 @@ class Reporter:
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m anarchon_core.instance")
+    parser = argparse.ArgumentParser(prog="python -m anarchon_core.tools.instance")
     parser.add_argument("--store", required=True, help="store URL shared by the instances")
     parser.add_argument("--namespace", default="demo")
     parser.add_argument("--name", required=True, help="instance name shown in reports")
