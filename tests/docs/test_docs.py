@@ -748,3 +748,75 @@ def test_product_files_cite_no_document_outside_the_repository() -> None:
         for m in re.finditer(r"§\s*\d*|\bSPEC(?:\.md)?\b", f.read_text(encoding="utf-8"))
     ]
     assert not cited
+
+
+# -- the architecture page --------------------------------------------------------
+
+ARCHITECTURE = DOCS / "architecture.md"
+
+
+def _module_tree() -> str:
+    """The module tree of the architecture page: its first fence."""
+    fences = [f for f in globals()["fences"](ARCHITECTURE) if f.lang == ""]
+    return fences[0].code
+
+
+def test_the_architecture_page_lists_every_module() -> None:
+    """Each package and module of the code is in the tree, and nothing else is."""
+    listed: set[str] = set()
+    folder = ""
+    for line in _module_tree().splitlines():
+        words = line.split()
+        if not words:
+            continue
+        if not line.startswith(" "):
+            folder = words[0].rstrip("/")
+            listed.add(folder)
+            continue
+        for word in words:
+            name = word.rstrip(",")
+            if name.endswith("/"):
+                listed.add(f"{folder}/{name.rstrip('/')}")
+            elif name == "__init__.py":
+                continue
+            elif name.endswith(".py"):
+                sub = "stores/" if line.startswith("    ") and folder == "anarchon_core" else ""
+                listed.add(f"{folder}/{sub}{name}")
+            else:
+                break  # the description
+    present = set(PACKAGES)
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            where = str(path.relative_to(ROOT))
+            if path.name == "__init__.py":
+                present.add(str(path.parent.relative_to(ROOT)))  # a package: its folder
+            elif not where.startswith("anarchon_core/tools/"):  # listed as one folder
+                present.add(where)
+    assert present - listed == set(), "modules missing from docs/architecture.md"
+    assert listed - present == set(), "docs/architecture.md lists modules that do not exist"
+
+
+def test_the_architecture_page_names_real_code() -> None:
+    """Every ``module.Name.attr`` in the page's "where to look" table exists."""
+    text = ARCHITECTURE.read_text()
+    table = text.split("Where to look:", 1)[1].split("\n## ", 1)[0]
+    names = set(re.findall(r"`((?:[A-Za-z_]+\.)+[A-Za-z_]+)`", table))
+    names |= set(re.findall(r"`([A-Z][A-Za-z]+\.[a-z_]+)`", text))
+    assert names
+    homes = ["anarchon_core", "anarchon_core.stores.redis", "anarchon_celery", "anarchon_dramatiq"]
+    for name in sorted(names):
+        if name.endswith(".py") or "/" in name:
+            continue
+        found = False
+        for home in homes:
+            head, *rest = name.split(".")
+            try:
+                target: Any = importlib.import_module(f"{home}.{head}")
+            except ImportError:
+                target = getattr(importlib.import_module(home), head, None)
+            for part in rest:
+                target = getattr(target, part, None)
+            if target is not None:
+                found = True
+                break
+        assert found, f"docs/architecture.md names {name!r}, which is not in the code"
