@@ -14,11 +14,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-# ``Duration``, ``parse_duration`` and ``Event`` stay importable from this module too.
-from .durations import Duration as Duration
-from .durations import parse_duration as parse_duration
+from .durations import Duration, parse_duration
 from .errors import ConfigurationError, LeaseLost
-from .events import Event as Event
 from .schedules import Schedule
 from .slots import Slot
 

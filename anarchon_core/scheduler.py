@@ -64,9 +64,6 @@ SIGNAL_POLL = 0.05
 #: How many slot times' jitter draws are kept; past that, the older half is dropped.
 TICK_OFFSETS_KEPT = 4096
 
-#: The log level of each event kind, by name.
-_LEVELS = {kind.value: kind.level for kind in EventKind}
-
 
 def default_instance() -> str:
     """``host:pid:random``: unique per process, readable in ``anarchon status``."""

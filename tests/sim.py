@@ -11,8 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from anarchon_core import FakeClock, Run, Scheduler, SkewedClock
-from anarchon_core.jobs import Event
+from anarchon_core import Event, FakeClock, Run, Scheduler, SkewedClock
 from anarchon_core.stores.memory import MemoryStore
 
 START = 1_699_999_200.0  # a whole hour: slots of every= grids dividing an hour line up with it

@@ -531,9 +531,9 @@ def test_dramatiq_actor_options_in_the_docs_and_the_code_agree() -> None:
 
 
 def _levels() -> dict[str, str]:
-    from anarchon_core.scheduler import _LEVELS
+    from anarchon_core import EventKind
 
-    return {kind: logging.getLevelName(level) for kind, level in _LEVELS.items()}
+    return {kind.value: logging.getLevelName(kind.level) for kind in EventKind}
 
 
 def test_the_events_table_lists_every_event_and_its_log_level() -> None:
