@@ -90,7 +90,9 @@ class Emitter:
         self._log = logger
         self._listeners: list[Callable[[Event], None]] = []
         self._counts: Counter[str] = Counter()
-        self._lock = threading.Lock()
+        # Reentrant: a signal handler that stops the scheduler may emit while this
+        # thread is inside an emit.
+        self._lock = threading.RLock()
 
     def add_listener(self, listener: Callable[[Event], None]) -> None:
         self._listeners.append(listener)
