@@ -32,10 +32,11 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any, TextIO
+
+from ..slots import Slot
 
 STOP_GRACE = 10.0  # seconds an instance has to exit after SIGTERM before SIGKILL
 
@@ -192,10 +193,7 @@ class Demo:
     def show(self, line: dict[str, Any]) -> None:
         kind, who = line["kind"], line["instance"]
         slot = line.get("slot_id") or ""
-        clock = ""
-        if slot:
-            ms = int(slot.rsplit("@", 1)[1])
-            clock = datetime.fromtimestamp(ms / 1000, timezone.utc).strftime("%H:%M:%S")
+        clock = Slot.from_id(slot).time.strftime("%H:%M:%S") if slot else ""
         if kind == "start":
             self.tally.starts[(slot, line["attempt"])] += 1
             self.tally.slots.add(slot)
