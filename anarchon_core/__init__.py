@@ -9,6 +9,7 @@ from .clock import Clock, FakeClock, SkewedClock, SystemClock
 from .errors import (
     AnarchonError,
     ConfigurationError,
+    DispatchFailed,
     LeaseLost,
     MissingDependency,
     StoreUnavailable,
@@ -28,6 +29,7 @@ __all__ = [
     "Clock",
     "ConfigurationError",
     "Cron",
+    "DispatchFailed",
     "Event",
     "EventKind",
     "Every",

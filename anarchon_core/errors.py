@@ -41,3 +41,14 @@ class LeaseLost(AnarchonError):
     instance took the slot over), the lease ran out while the store was
     unreachable, or the run was handed over during a graceful stop.
     """
+
+
+class DispatchFailed(AnarchonError):
+    """A handler that hands its slot's work off could not send it (the broker is unreachable).
+
+    Raised by the Celery and Dramatiq dispatchers (and by any handler that
+    dispatches work elsewhere): the slot did not run, so it is not recorded as
+    failed. The engine releases it for another attempt, by whichever instance
+    can reach the broker, within the job's catch-up window; once that window
+    has passed it is recorded failed.
+    """

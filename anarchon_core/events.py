@@ -47,6 +47,10 @@ class EventKind(str, enum.Enum):
     FAILED = ("failed", logging.WARNING)
     #: A handler handed its run off to an executor (:meth:`~anarchon_core.Run.hand_off`).
     DISPATCHED = ("dispatched", logging.DEBUG)
+    #: A handler could not hand its run off (the broker was unreachable): the slot
+    #: is released for another attempt within its catch-up window, or recorded
+    #: failed once that window has passed.
+    DISPATCH_FAILED = ("dispatch_failed", logging.WARNING)
     #: This instance lost the lease of a run it holds.
     LOST = ("lost", logging.WARNING)
     #: A handler returned, but another instance holds the slot now.
@@ -55,7 +59,7 @@ class EventKind(str, enum.Enum):
     HANDED_OVER = ("handed_over", logging.INFO)
     #: A slot was not claimed, or a handed-off run was never picked up.
     MISSED = ("missed", logging.WARNING)
-    #: The store stopped answering (once per outage).
+    #: The store stopped answering, or answered with an error (once per outage).
     STORE_UNAVAILABLE = ("store_unavailable", logging.WARNING)
     #: The store answers again.
     STORE_RECOVERED = ("store_recovered", logging.INFO)

@@ -2,12 +2,13 @@
 
 A scheduler that only dispatches work (Celery beat, a Dramatiq scheduler)
 hands each slot off to whoever executes the work (see
-:meth:`anarchon_core.Run.hand_off`): it extends the slot's lease to the
-pickup lease and sends a :class:`HandOff` ticket with the work. The worker
-that executes it takes the lease with the ticket's token (:func:`take`):
-a refusal means a later attempt was sent, so the work must not run. It then
-renews the lease while the work runs, and finishes the slot, keeps it for a
-retry, or releases it at once when the process goes down mid-run.
+:meth:`anarchon_core.Run.hand_off`): it marks the slot ``dispatched`` in the
+store with the pickup lease and sends a :class:`HandOff` ticket with the
+work. The worker that executes it takes the lease with the ticket's token
+(:func:`take`), which makes the slot ``running`` again: a refusal means a
+later attempt was sent, so the work must not run. It then renews the lease
+while the work runs, and finishes the slot, dispatches it again for a retry,
+or releases it at once when the process goes down mid-run.
 """
 
 from __future__ import annotations
@@ -35,19 +36,15 @@ DEFAULT_PICKUP = 300.0
 PICKUP_MARGIN = 1.0
 
 
-def is_pickup_lease(length: float, lease: float) -> bool:
-    """Whether a lease of ``length`` seconds is a pickup lease for a job whose lease is ``lease``.
-
-    Backups tell a handed-off slot waiting for its worker from one being run by
-    the lease length alone: a pickup lease exceeds the job's by more than
-    :data:`PICKUP_MARGIN`.
-    """
-    return length > lease + PICKUP_MARGIN
-
-
 def check_pickup(pickup: float, lease: float, *, name: str = "pickup") -> None:
-    """Refuse a pickup lease that backups could not tell from the job's ``lease``."""
-    if not is_pickup_lease(pickup, lease):
+    """Refuse a pickup lease that is not longer than the job's ``lease`` by a second.
+
+    Backups read the hand-off from the store's record (state ``dispatched``),
+    not from lease lengths; but a message must be given at least as long to
+    reach a worker as the worker is given to renew, or work queued behind a
+    busy worker would be given up as never picked up.
+    """
+    if pickup <= lease + PICKUP_MARGIN:
         raise ConfigurationError(
             f"{name}={pickup:g} must exceed the lease ({lease:g}s) by more than a second"
         )
@@ -179,9 +176,9 @@ class ExecutionLease:
             log.warning("anarchon: %s finished after losing its lease", t.slot_id)
 
     def keep_for_retry(self) -> None:
-        """Stop renewing and hold the slot with the pickup lease, for the retried message."""
+        """Stop renewing; dispatch the slot again with the pickup lease, for the retried message."""
         t = self.ticket
-        self._last_step(partial(self.store.renew, t.job, t.token, t.pickup), _NOT_FINISHED)
+        self._last_step(partial(self.store.dispatch, t.job, t.token, t.pickup), _NOT_FINISHED)
 
     def release(self) -> None:
         """Release the lease at once (the process goes down mid-run): a backup runs it again."""

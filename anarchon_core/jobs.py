@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from .durations import Duration, parse_duration
-from .errors import ConfigurationError, LeaseLost
+from .errors import ConfigurationError, DispatchFailed, LeaseLost
 from .schedules import Schedule
 from .slots import Slot
 
@@ -25,6 +25,21 @@ DEFAULT_LEASE = 10.0
 DEFAULT_JITTER = 1.0
 DEFAULT_WATCH = 0.5
 MAX_DEFAULT_CATCH_UP = 3600.0
+
+#: The share of a lease a runner gives up as a safety margin: it holds a run
+#: until (when its last successful renewal was sent) + lease x (1 - margin), by
+#: its own monotonic clock. This covers clocks whose rates differ by up to
+#: :data:`CLOCK_RATE_BOUND` (see docs/failure-scenarios.md, "The lease rule").
+LEASE_MARGIN = 0.05
+#: The largest difference in rate between a runner's monotonic clock and the
+#: store's clock that :data:`LEASE_MARGIN` covers (2 %; NTP keeps real clocks
+#: within 0.05 %, a free-running quartz within 0.01 %).
+CLOCK_RATE_BOUND = 0.02
+
+
+def held_for(lease: float) -> float:
+    """How long after sending a claim or renewal of ``lease`` seconds a runner may rely on it."""
+    return lease * (1.0 - LEASE_MARGIN)
 
 
 @dataclass(frozen=True)
@@ -158,10 +173,13 @@ class Run:
     """
 
     __slots__ = (
-        "_extend",
+        "_dispatch",
         "_hand_off",
         "_lost",
+        "_lost_lock",
+        "_monotonic",
         "_reason",
+        "_valid_until",
         "attempt",
         "instance",
         "job",
@@ -180,13 +198,26 @@ class Run:
         self.token = token
         self.instance = instance
         self._lost = threading.Event()
+        self._lost_lock = threading.Lock()
         self._reason = ""
         self._hand_off: float | None = None
-        self._extend: Callable[[float], bool] | None = None
+        self._dispatch: Callable[[float], bool] | None = None
+        self._monotonic: Callable[[], float] | None = None
+        self._valid_until = float("inf")
 
     @property
     def lost(self) -> bool:
-        """True once the lease is lost (taken over, lapsed, or handed over)."""
+        """True once the lease is lost (taken over, lapsed, or handed over).
+
+        It turns true on its own when the lease's safe end passes without a
+        successful renewal, even while the engine's store call is still blocked.
+        """
+        if (
+            not self._lost.is_set()
+            and self._monotonic is not None
+            and self._monotonic() >= self._valid_until
+        ):
+            self.mark_lost("the lease ran out: no renewal succeeded in time")
         return self._lost.is_set()
 
     @property
@@ -195,31 +226,44 @@ class Run:
 
     def check(self) -> None:
         """Raise :class:`LeaseLost` if this instance no longer holds the run."""
-        if self._lost.is_set():
+        if self.lost:
             raise LeaseLost(f"{self.slot_id} attempt {self.attempt}: {self._reason}")
 
     def hand_off(self, lease: float) -> None:
-        """Extend the lease to ``lease`` seconds now, and leave the slot running.
+        """Mark the slot ``dispatched`` in the store with a lease of ``lease`` seconds.
 
         For handlers that only dispatch the work to someone else (a Celery or
-        Dramatiq worker): call it before dispatching, with ``lease`` longer
-        than the job's own lease by more than a second (the time the work may
-        wait to be picked up). When the handler returns, the engine neither
-        finishes nor renews the run: whoever executes the work renews it with
-        the job's lease and :attr:`token`, then finishes it. Backups tell the
-        two phases apart by the lease length: if the executor stops renewing,
-        a backup takes the slot over as the next attempt; if nobody ever picks
-        the work up (it may run somewhere that cannot renew, or be lost), it
-        is not sent again, and the job's next slot supersedes it.
-        Raises :class:`LeaseLost` if the lease is no longer this run's.
+        Dramatiq worker): call it before dispatching; ``lease`` is the time the
+        work may wait to be picked up. When the handler returns, the engine
+        neither finishes nor renews the run: whoever executes the work renews
+        it with the job's lease and :attr:`token` (which makes it ``running``
+        again), then finishes it. The store's record says which phase the slot
+        is in, so every instance decides alike: if the executor stops
+        renewing, a backup takes the slot over as the next attempt; if nobody
+        picks the work up before ``lease`` ends (it may run somewhere that
+        cannot renew, or be lost), it is not sent again, and the job's next
+        slot supersedes it. If the sending then fails, the handler raises
+        :class:`~anarchon_core.errors.DispatchFailed`.
+        Raises :class:`LeaseLost` if the lease is no longer this run's, and
+        :class:`~anarchon_core.errors.DispatchFailed` if the store could not
+        record the hand-off.
         """
         if lease <= 0:
             raise ValueError("hand_off(lease): the lease must be positive")
         self.check()
-        if self._extend is not None and not self._extend(lease):
+        sent = self._monotonic() if self._monotonic is not None else 0.0
+        try:
+            accepted = self._dispatch is None or self._dispatch(lease)
+        except Exception as exc:  # the store failed: nothing was sent, so nothing ran
+            raise DispatchFailed(
+                f"{self.slot_id}: the store could not record the hand-off"
+            ) from exc
+        if not accepted:
             self.mark_lost("hand-off refused: another instance took the slot over")
             self.check()
         self._hand_off = lease
+        if self._monotonic is not None:
+            self.hold_until(sent + held_for(lease))
 
     # -- for the engine ------------------------------------------------
 
@@ -231,12 +275,15 @@ class Run:
         attempt: int,
         token: int,
         instance: str,
-        extend: Callable[[float], bool] | None = None,
+        dispatch: Callable[[float], bool] | None = None,
+        monotonic: Callable[[], float] | None = None,
     ) -> Run:
         """The run of ``slot``: its ``job``, ``slot`` and ``slot_id`` all come from it.
 
-        ``extend(lease)`` sets the lease to ``lease`` seconds in the store, and
-        answers whether the store accepted; :meth:`hand_off` calls it.
+        ``dispatch(lease)`` marks the slot dispatched in the store with a lease
+        of ``lease`` seconds, and answers whether the store accepted;
+        :meth:`hand_off` calls it. ``monotonic`` is the engine's clock, by
+        which the deadline of :meth:`hold_until` is judged.
         """
         run = cls(
             job=slot.job,
@@ -246,8 +293,21 @@ class Run:
             token=token,
             instance=instance,
         )
-        run._extend = extend
+        run._dispatch = dispatch
+        run._monotonic = monotonic
         return run
+
+    def hold_until(self, deadline: float) -> bool:
+        """Hold the run until ``deadline`` on the engine's monotonic clock; False if already lost.
+
+        A run lost (its deadline passed, or told) stays lost: a renewal that
+        comes back late does not revive it.
+        """
+        with self._lost_lock:
+            if self.lost:
+                return False
+            self._valid_until = deadline
+            return True
 
     def mark_lost(self, reason: str) -> bool:
         """Record that the lease is lost, and why; False if it already was."""

@@ -15,18 +15,12 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from .events import EventKind
-from .handoff import is_pickup_lease
-from .jobs import Job, JobOptions, Run
+from .jobs import Job, JobOptions, Run, held_for
 from .slots import Slot
 from .store import JobState, RunState
 
 #: How far past its time (beyond jitter) a slot still counts as on time.
 ON_TIME = 1.0
-#: A handed-off lease whose end moved earlier by more than this (seconds) was
-#: picked up: its executor renews it with the job's own, shorter lease. (A lease
-#: was handed off at all when it is a pickup lease: see :func:`is_pickup_lease`.)
-PICKED_UP_SHIFT = 1.0
-
 #: States of a run that has ended: nothing to back up.
 ENDED = (RunState.DONE, RunState.FAILED)
 
@@ -40,35 +34,43 @@ class Verdict(enum.Enum):
     DROP = "drop"
     #: The lease lapsed or was handed over: take the slot over.
     TAKE_OVER = "take_over"
-    #: Handed off but never picked up: the work may run where nothing renews it,
-    #: so it is not sent again; the job's next slot supersedes it.
+    #: Dispatched but never picked up (the store's record says so): the work may
+    #: run where nothing renews it, so it is not sent again; the job's next slot
+    #: supersedes it.
     MISSED = "missed"
 
 
 @dataclass
 class Runner:
-    """A run this instance holds, and when its lease is renewed."""
+    """A run this instance holds, and when its lease is renewed.
+
+    The run's own deadline (:meth:`Run.hold_until`) is what makes it lost when
+    no renewal succeeds in time, even while a store call is blocked.
+    """
 
     slot: Slot
     run: Run
     next_renew: float
-    last_renewed: float
+    #: Whether the loss of this run was reported (event ``lost``).
+    reported: bool = False
 
     @classmethod
-    def start(cls, slot: Slot, run: Run, now_mono: float, options: JobOptions) -> Runner:
-        """The runner of ``run``, whose lease the store just granted."""
-        return cls(slot, run, now_mono + options.renew_every, now_mono)
+    def start(cls, slot: Slot, run: Run, sent_mono: float, options: JobOptions) -> Runner:
+        """The runner of ``run``, whose lease the claim sent at ``sent_mono`` was granted."""
+        run.hold_until(sent_mono + held_for(options.lease))
+        return cls(slot, run, sent_mono + options.renew_every)
 
     def renewal_due(self, now_mono: float) -> bool:
         return self.next_renew <= now_mono
 
-    def renewed(self, now_mono: float, options: JobOptions) -> None:
-        self.last_renewed = now_mono
-        self.next_renew = now_mono + options.renew_every
+    def renewed(self, sent_mono: float, options: JobOptions) -> bool:
+        """The renewal sent at ``sent_mono`` was accepted; False if the run was lost meanwhile."""
+        self.next_renew = sent_mono + options.renew_every
+        return self.run.hold_until(sent_mono + held_for(options.lease))
 
-    def out_of_lease(self, now_mono: float, options: JobOptions) -> bool:
-        """Whether the lease has run out since the last renewal this instance saw."""
-        return now_mono - self.last_renewed >= options.lease
+    def retry_renewal(self, now_mono: float) -> None:
+        """A renewal failed: try again soon, not after a whole renewal period."""
+        self.next_renew = now_mono
 
 
 @dataclass
@@ -78,63 +80,35 @@ class Backup:
     slot: Slot
     token: int
     next_check: float
-    #: The furthest lease end seen for this token, on this instance's monotonic clock.
-    furthest: float = 0.0
-    #: A lease longer than the job's own was seen: the run was handed off (Run.hand_off).
-    handed_off: bool = False
-    #: The lease end then moved earlier: an executor took the run and renews it.
-    picked_up: bool = False
 
     @classmethod
     def of(cls, slot: Slot, holder: JobState, now_mono: float, options: JobOptions) -> Backup:
         """A backup of ``holder``'s run, checked at once if its lease already lapsed."""
         backup = cls(slot, holder.token, now_mono)
-        backup.observe(holder, now_mono, options)
-        if not holder.lapsed:
+        if not holder.lapsed and not holder.unpicked:
             backup.next_check += options.watch
         return backup
 
     @classmethod
-    def of_hand_off(cls, runner: Runner, now_mono: float, options: JobOptions) -> Backup:
-        """A backup of this instance's own run, which its handler handed off."""
-        lease = runner.run.handed_off_lease
-        assert lease is not None
-        return cls(
-            runner.slot,
-            runner.run.token,
-            now_mono + options.watch,
-            furthest=now_mono + lease,
-            handed_off=is_pickup_lease(lease, options.lease),
-        )
-
-    def observe(self, record: JobState, now_mono: float, options: JobOptions) -> None:
-        """Note what ``record`` says of the lease: a hand-off, or its pickup."""
-        if record.token != self.token:
-            self.token, self.furthest, self.handed_off, self.picked_up = (
-                record.token,
-                0,
-                False,
-                False,
-            )
-        if record.state is not RunState.RUNNING:
-            return
-        end = now_mono + record.lease_remaining
-        if is_pickup_lease(record.lease_remaining, options.lease):
-            self.handed_off = True
-        if self.furthest and end < self.furthest - PICKED_UP_SHIFT:
-            self.picked_up = True
-        self.furthest = max(self.furthest, end)
+    def of_own(cls, runner: Runner, now_mono: float, options: JobOptions) -> Backup:
+        """A backup of this instance's own run, handed off or released, checked after ``watch``."""
+        return cls(runner.slot, runner.run.token, now_mono + options.watch)
 
     def verdict(self, record: JobState | None, now_mono: float, options: JobOptions) -> Verdict:
-        """What to do about ``record``, the job's current record in the store."""
+        """What to do about ``record``, the job's current record in the store.
+
+        Decided from the record alone (its state and the store's lease), so that
+        every instance, whenever it started and whatever its options, decides
+        the same.
+        """
         if record is None or record.slot_ms != self.slot.ms or record.state in ENDED:
             return Verdict.DROP
-        self.observe(record, now_mono, options)
+        self.token = record.token
+        if record.unpicked:
+            return Verdict.MISSED
         if not record.lapsed:
             self.next_check = now_mono + options.watch
             return Verdict.WATCH
-        if self.handed_off and not self.picked_up and record.state is RunState.RUNNING:
-            return Verdict.MISSED
         return Verdict.TAKE_OVER
 
 
@@ -220,6 +194,11 @@ class Completion:
     runner: Runner
     outcome: RunState
 
+    #: The handler could not hand the work off (the broker was unreachable).
+    dispatch_failed: bool = False
+    #: The handler stopped on losing its run (it raised LeaseLost): not a failure.
+    interrupted: bool = False
+
     @property
     def handed_off(self) -> bool:
         """The handler returned after handing the run off: its executor finishes it."""
@@ -228,6 +207,10 @@ class Completion:
     @property
     def kind(self) -> EventKind:
         """The event reporting the run's end."""
+        if self.interrupted:
+            return EventKind.HANDED_OVER
+        if self.dispatch_failed:
+            return EventKind.DISPATCH_FAILED
         if self.handed_off:
             return EventKind.DISPATCHED
         return EventKind.FINISHED if self.outcome is RunState.DONE else EventKind.FAILED

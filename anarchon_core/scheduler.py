@@ -41,7 +41,7 @@ from typing import Any, TypeVar
 
 from .clock import Clock, SystemClock
 from .durations import Duration
-from .errors import ConfigurationError, StoreUnavailable
+from .errors import ConfigurationError, DispatchFailed, LeaseLost, StoreUnavailable
 from .events import Emitter, Event, EventKind
 from .jobs import Job, JobOptions, Run
 from .roles import Backup, Completion, JobRuntime, Runner, Verdict
@@ -294,7 +294,7 @@ class Scheduler:
         while not self._stopping.is_set():
             try:
                 delay = self.run_pending()
-            except Exception:  # pragma: no cover - the loop must never die
+            except Exception:  # the loop must never die
                 log.exception("anarchon: unexpected error in the scheduling loop")
                 delay = BACKOFF_MAX
             self._clock.wait(self._wake, min(delay, MAX_SLEEP))
@@ -302,10 +302,11 @@ class Scheduler:
         self._shutdown()
 
     def _shutdown(self) -> None:
+        """Finish what returned, then hand every held run over; survives any store error."""
         try:
             self._finish_completed()
-        except StoreUnavailable as exc:
-            log.warning("anarchon: could not finish runs while stopping: %s", exc)
+        except Exception as exc:  # any store error: the hand-over below still runs
+            log.warning("anarchon: could not finish runs while stopping: %s", _describe(exc))
         for rt in self._snapshot():
             runner = rt.runner
             if runner is None:
@@ -317,8 +318,8 @@ class Scheduler:
                 continue
             try:
                 released = self.store.release(run.job, run.token)
-            except StoreUnavailable as exc:
-                log.warning("anarchon: could not hand %s over: %s", run.slot_id, exc)
+            except Exception as exc:  # its lease lapses instead; a backup takes it over
+                log.warning("anarchon: could not hand %s over: %s", run.slot_id, _describe(exc))
                 continue
             if released:
                 self._emit(EventKind.HANDED_OVER, slot=runner.slot, attempt=run.attempt)
@@ -342,6 +343,7 @@ class Scheduler:
     def _step(self) -> float:
         now_mono = self._clock.monotonic()
         if now_mono < self._retry_at:
+            self._report_lost()
             return self._retry_at - now_mono
         try:
             # Runs whose handler returned since the last step are finished first: the
@@ -356,21 +358,39 @@ class Scheduler:
             # may have returned already. Their slot is then finished or handed off
             # within this step, before the engine sleeps.
             self._finish_completed()
-        except StoreUnavailable as exc:
+        except Exception as exc:  # any store error fails the step alike
             self._store_failed(exc)
             return self._backoff
+        finally:
+            # Runs whose deadline passed (even during a blocked call) are reported.
+            self._report_lost()
         if self._backoff:
             self._backoff = 0.0
             self._emit(EventKind.STORE_RECOVERED)
         return self._next_delay()
 
-    def _store_failed(self, exc: StoreUnavailable) -> None:
+    def _store_failed(self, exc: Exception) -> None:
+        """A step failed: back off. Every error counts, not only "unavailable".
+
+        A server that answers with an error (a replica that is read-only, a
+        primary refusing writes without replicas) changed nothing, as for an
+        unreachable one: completions stay queued, leases run out by their
+        deadline, and the step is retried.
+        """
         if not self._backoff:
-            self._emit(EventKind.STORE_UNAVAILABLE, detail=str(exc))
+            if not isinstance(exc, StoreUnavailable):  # once per outage, with its traceback
+                log.warning("anarchon: a scheduling step failed", exc_info=exc)
+            self._emit(EventKind.STORE_UNAVAILABLE, detail=_describe(exc))
         self._backoff = min(BACKOFF_MAX, max(BACKOFF_MIN, self._backoff * 2))
         self._retry_at = self._clock.monotonic() + self._backoff
-        # A runner that cannot renew for longer than its lease must give the run up.
-        self._renew(self._clock.monotonic(), reachable=False)
+
+    def _report_lost(self) -> None:
+        """Report each held run that was lost (deadline passed, told, or refused), once."""
+        for rt in self._snapshot():
+            runner = rt.runner
+            if runner is not None and not runner.reported and runner.run.lost:
+                runner.reported = True
+                self._emit_lost(runner)
 
     def _finish_completed(self) -> None:
         """Phase 1 (and 6): finish the runs whose handler returned or raised."""
@@ -380,49 +400,86 @@ class Scheduler:
             except queue.Empty:
                 return
             rt, runner, run = done.runtime, done.runner, done.runner.run
+            if run.lost and not runner.reported:
+                self._emit_lost(runner)
             try:
-                # A handed-off run belongs to whoever executes the work now.
-                finished = done.handed_off or self.store.finish(run.job, run.token, done.outcome)
-            except StoreUnavailable:
+                finished, retry = self._end_run(done)
+            except Exception:  # kept until recorded: the step fails and is retried
                 self._done.put(done)
                 raise
             if rt.runner is runner:
                 rt.runner = None
-                if done.handed_off and not rt.removed:
-                    # Whoever executes it may die too: back it up like anyone else's run.
-                    rt.backup = Backup.of_hand_off(runner, self._clock.monotonic(), rt.options)
+                if (done.handed_off or retry) and not rt.removed:
+                    # Whoever executes it may die too, and a released slot is sent again
+                    # by whoever takes it over: back it up like anyone else's run.
+                    rt.backup = Backup.of_own(runner, self._clock.monotonic(), rt.options)
                 if rt.removed:
                     with self._lock:
                         self._runtimes.pop(run.job, None)
+            if done.interrupted and not finished:
+                continue  # stopped on losing the run, which another instance holds now
             if finished:
-                self._emit(done.kind, slot=runner.slot, attempt=run.attempt)
+                detail = ""
+                if done.interrupted:
+                    detail = "the handler stopped on losing its lease; released for a backup"
+                elif retry:
+                    detail = "released for another attempt within the catch-up window"
+                elif done.dispatch_failed:
+                    detail = "recorded failed: " + (
+                        "its catch-up window has passed"
+                        if self.store.supports_lease
+                        else "a claim-only store cannot release it"
+                    )
+                self._emit(done.kind, slot=runner.slot, attempt=run.attempt, detail=detail)
             else:
                 run.mark_lost("finish refused: another instance holds the slot")
                 self._emit(EventKind.FINISH_REFUSED, slot=runner.slot, attempt=run.attempt)
 
-    def _renew(self, now_mono: float, *, reachable: bool = True) -> None:
-        """Phase 2: renew the leases due; give up those the store could not renew in time."""
+    def _end_run(self, done: Completion) -> tuple[bool, bool]:
+        """Record the end of ``done``'s run: (accepted by the store, released for a retry)."""
+        run, rt = done.runner.run, done.runtime
+        if done.handed_off:
+            return True, False  # it belongs to whoever executes the work now
+        if done.interrupted:
+            # Stopped on losing the run: released if the store still gives it to this
+            # instance, so that a backup runs the slot at once; else already taken over.
+            return (not self.store.supports_lease or self.store.release(run.job, run.token)), True
+        if done.dispatch_failed and self.store.supports_lease:
+            lateness = self._clock.time() - done.runner.slot.time.timestamp()
+            if not rt.too_late(done.runner.slot, lateness):
+                # Not run, so not failed: released, whoever can reach the broker sends it.
+                return self.store.release(run.job, run.token), True
+        return self.store.finish(run.job, run.token, done.outcome), False
+
+    def _renew(self, now_mono: float) -> None:
+        """Phase 2: renew the leases due.
+
+        A run is held until its deadline: the moment its last accepted renewal
+        was sent, plus the lease less a safety margin. A renewal that fails
+        leaves the deadline where it was, so the run turns lost on time even
+        if the store never answers.
+        """
         if not self.store.supports_lease:
             return
         for rt in self._snapshot():
             runner = rt.runner
-            if runner is None or runner.run.lost:
+            if runner is None or runner.run.lost or runner.run.handed_off_lease is not None:
                 continue
             run = runner.run
-            if reachable and runner.renewal_due(now_mono):
-                if self.store.renew(run.job, run.token, rt.options.lease):
-                    runner.renewed(now_mono, rt.options)
-                elif run.mark_lost("renewal refused: another instance took the slot over"):
-                    self._emit_lost(runner)
-            elif (
-                not reachable
-                and runner.out_of_lease(now_mono, rt.options)
-                and run.mark_lost("the store was unreachable for longer than the lease")
-            ):
-                self._emit_lost(runner)
+            if not runner.renewal_due(now_mono):
+                continue
+            sent = self._clock.monotonic()
+            runner.retry_renewal(sent)
+            if not self.store.renew(run.job, run.token, rt.options.lease):
+                run.mark_lost("renewal refused: another instance took the slot over")
+            elif not runner.renewed(sent, rt.options):
+                # Accepted, but after the run's deadline passed: the handler was told
+                # it lost, so the lease goes back at once for a backup to take over.
+                self.store.release(run.job, run.token)
 
     def _emit_lost(self, runner: Runner) -> None:
         run = runner.run
+        runner.reported = True
         self._emit(EventKind.LOST, slot=runner.slot, attempt=run.attempt, detail=run.lost_reason)
 
     def _initialise(self) -> None:
@@ -468,18 +525,19 @@ class Scheduler:
         if not due:
             return
         requests = [ClaimRequest(rt.job.name, slot.ms, rt.options.lease) for rt, slot in due]
+        sent = self._clock.monotonic()
         claims = self.store.claim_many(requests, self.instance)
         for (rt, slot), claim in zip(due, claims, strict=False):
             self._advance(rt, slot)
-            self._claimed(rt, slot, claim)
+            self._claimed(rt, slot, claim, sent)
 
-    def _claimed(self, rt: JobRuntime, slot: Slot, claim: Claim) -> None:
+    def _claimed(self, rt: JobRuntime, slot: Slot, claim: Claim, sent: float) -> None:
         holder = claim.holder
         if claim.won:
             assert holder is not None
             rt.backup = None
             self._emit(rt.won_kind(self._lateness(slot)), slot=slot, attempt=holder.attempt)
-            self._begin(rt, slot, holder)
+            self._begin(rt, slot, holder, sent)
         elif claim.status is ClaimStatus.TAKEN:
             self._emit(EventKind.TAKEN, slot=slot, attempt=holder.attempt if holder else None)
             if holder is not None:
@@ -536,6 +594,7 @@ class Scheduler:
 
     def _take_over(self, rt: JobRuntime, record: JobState) -> None:
         job = rt.job
+        sent = self._clock.monotonic()
         claim = self.store.takeover(
             job.name, record.slot_ms, self.instance, job.options.lease, record.token
         )
@@ -545,7 +604,7 @@ class Scheduler:
             how = "hand-over" if record.state is RunState.RELEASED else "lease lapsed"
             slot = Slot.from_ms(job.name, record.slot_ms)
             self._emit(EventKind.TAKEOVER, slot=slot, attempt=claim.holder.attempt, detail=how)
-            self._begin(rt, slot, claim.holder)
+            self._begin(rt, slot, claim.holder, sent)
         elif claim.holder is not None and claim.holder.slot_ms == record.slot_ms:
             self._back_up(rt, claim.holder)
         else:
@@ -559,17 +618,38 @@ class Scheduler:
             slot = Slot.from_ms(rt.job.name, holder.slot_ms)
             rt.backup = Backup.of(slot, holder, self._clock.monotonic(), rt.options)
 
-    def _begin(self, rt: JobRuntime, slot: Slot, holder: JobState) -> None:
-        """Become the runner of ``slot``, whose lease ``holder`` grants, and run its handler."""
+    def _begin(self, rt: JobRuntime, slot: Slot, holder: JobState, sent: float) -> None:
+        """Become the runner of ``slot``, whose lease ``holder`` grants, and run its handler.
+
+        ``sent`` is when the claim or takeover was sent: the lease is held from
+        then, by this instance's clock. A run this instance still held for an
+        older slot of the job is told it lost (its own lease lapsed, or the new
+        claim could not have won).
+        """
         token = holder.token
         run = Run.of(
             slot,
             attempt=holder.attempt,
             token=token,
             instance=self.instance,
-            extend=lambda lease: self.store.renew(slot.job, token, lease),
+            dispatch=lambda lease: self.store.dispatch(slot.job, token, lease),
+            monotonic=self._clock.monotonic,
         )
-        runner = rt.runner = Runner.start(slot, run, self._clock.monotonic(), rt.options)
+        previous = rt.runner
+        if previous is not None:
+            previous.run.mark_lost(
+                f"superseded: this instance won {slot.id} (attempt {holder.attempt}) of the job"
+            )
+            if not previous.reported:
+                self._emit_lost(previous)
+        runner = rt.runner = Runner.start(slot, run, sent, rt.options)
+        if run.lost:
+            # The claim's answer came after the lease it granted could be relied on:
+            # the handler does not start; a backup takes the slot over once it lapses.
+            self._emit_lost(runner)
+            rt.runner = None
+            rt.backup = Backup.of_own(runner, self._clock.monotonic(), rt.options)
+            return
         if self._inline:
             self._execute(rt, runner)
             return
@@ -578,18 +658,28 @@ class Scheduler:
         self._handler_threads.append(thread)
 
     def _execute(self, rt: JobRuntime, runner: Runner) -> None:
-        run, outcome = runner.run, RunState.DONE
+        run, outcome, dispatch_failed = runner.run, RunState.DONE, False
+        interrupted = False
         try:
             handler = rt.job.handler
             result = handler(run) if rt.job.takes_run else handler()
             if inspect.isawaitable(result):
                 asyncio.run(_await(result))
+        except LeaseLost:
+            # The handler stopped because its run was lost (run.check()): not a failure.
+            # The slot goes back (if the store still has it) for a backup to run.
+            outcome, interrupted = RunState.RELEASED, True
+        except DispatchFailed as exc:
+            outcome, dispatch_failed = RunState.FAILED, True
+            log.warning(
+                "anarchon: could not dispatch %s attempt %d: %s", run.slot_id, run.attempt, exc
+            )
         except BaseException:  # even SystemExit: the run must end, not hold its lease forever
             outcome = RunState.FAILED
             log.exception(
                 "anarchon: job %s failed (%s attempt %d)", run.job, run.slot_id, run.attempt
             )
-        self._done.put(Completion(rt, runner, outcome))
+        self._done.put(Completion(rt, runner, outcome, dispatch_failed, interrupted))
         self._wake.set()
 
     # -- time and state -------------------------------------------------
@@ -614,3 +704,10 @@ class Scheduler:
 
 async def _await(awaitable: Any) -> None:
     await awaitable
+
+
+def _describe(exc: BaseException) -> str:
+    """An error in one line: its message, with its type when that says more."""
+    if isinstance(exc, StoreUnavailable):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"

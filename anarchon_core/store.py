@@ -40,11 +40,18 @@ class RunState(str, enum.Enum):
     """The state of one attempt of one slot."""
 
     RUNNING = "running"
+    #: Handed off (:meth:`Store.dispatch`): the work waits for its executor,
+    #: whose first renewal makes the run ``running`` again.
+    DISPATCHED = "dispatched"
     DONE = "done"
     FAILED = "failed"
     RELEASED = "released"
     LOST = "lost"
     ABANDONED = "abandoned"
+
+
+#: States in which a run holds its slot's lease (renewed, finished or released by token).
+HELD_STATES = (RunState.RUNNING, RunState.DISPATCHED)
 
 
 @dataclass(frozen=True)
@@ -66,6 +73,20 @@ class JobState:
         return self.state is RunState.RELEASED or (
             self.state is RunState.RUNNING and self.lease_remaining <= 0
         )
+
+    @property
+    def held(self) -> bool:
+        """True while a live lease holds the slot: running, or dispatched and awaiting pickup."""
+        return self.state in HELD_STATES and self.lease_remaining > 0
+
+    @property
+    def unpicked(self) -> bool:
+        """True when the slot was dispatched and no executor picked it up within its lease.
+
+        Such a slot is never taken over (its work may run where nothing renews
+        it); the job's next slot supersedes it.
+        """
+        return self.state is RunState.DISPATCHED and self.lease_remaining <= 0
 
 
 @dataclass(frozen=True)
@@ -143,12 +164,14 @@ class Store(abc.ABC):
 
         - no record yet, or the record holds an older slot that is finished
           (``done``/``failed``), handed over (``released``) or whose lease has
-          lapsed: **won**. ``attempt`` is 1, ``token`` is the previous token + 1.
-          A previous run left ``running`` (its lease lapsed) is recorded in the
+          lapsed (or a dispatched run never picked up): **won**. ``attempt`` is
+          1, ``token`` is the previous token + 1. A previous run left
+          ``running`` or ``dispatched`` (its lease lapsed) is recorded in the
           history as ``abandoned``: a newer slot supersedes it, it is not retried
           (a ``released`` one stays ``released``);
-        - the record holds an older slot whose lease is live: **busy** (the
-          previous run is still going; this slot is skipped, "overlap");
+        - the record holds an older slot whose lease is live (``running``, or
+          ``dispatched`` and awaiting pickup): **busy** (the previous run is
+          still going; this slot is skipped, "overlap");
         - the record holds this very slot: **taken**;
         - the record holds a newer slot: **stale**.
 
@@ -181,15 +204,32 @@ class Store(abc.ABC):
     def renew(self, job: str, token: int, lease: float) -> bool:
         """Extend the lease of the run carrying ``token`` to ``lease`` seconds from the store's now.
 
-        Only while the record carries ``token`` and is ``running``: a stale token
-        (someone took over since) is refused with ``False``.
+        Only while the record carries ``token`` and is ``running`` or
+        ``dispatched``: a stale token (someone took over since) is refused with
+        ``False``. The state becomes ``running``: the first renewal of a
+        dispatched run is its executor picking it up.
+        """
+
+    @abc.abstractmethod
+    def dispatch(self, job: str, token: int, pickup: float) -> bool:
+        """Hand the run carrying ``token`` off to whoever executes its work.
+
+        State ``dispatched``, lease ``pickup`` seconds from the store's now:
+        the time the work may wait for an executor, whose first
+        :meth:`renew` makes it ``running``. Only while the record carries
+        ``token`` and is ``running`` or ``dispatched`` (a retried message is
+        dispatched again), else ``False``. A dispatched run is never taken
+        over: once its pickup lease lapses it stays unpicked until the job's
+        next slot supersedes it.
         """
 
     def finish(self, job: str, token: int, outcome: RunState) -> bool:
         """End the run carrying ``token`` as ``done`` or ``failed``, and its lease.
 
-        Only while the record carries ``token`` and is ``running``: a stale token
-        is refused with ``False``. Any other ``outcome`` raises ``ValueError``.
+        Only while the record carries ``token`` and is ``running`` or
+        ``dispatched``: a stale token is refused with ``False``. Idempotent: a
+        finish re-sent after its reply was lost answers ``True`` again. Any
+        other ``outcome`` raises ``ValueError``.
         """
         if outcome not in (RunState.DONE, RunState.FAILED):
             raise ValueError(f"a run finishes as done or failed, not {outcome.value}")
@@ -199,7 +239,8 @@ class Store(abc.ABC):
         """Hand the run carrying ``token`` over: state ``released``, lease ended.
 
         A backup takes it over at once. Only while the record carries ``token``
-        and is ``running``: a stale token is refused with ``False``.
+        and is ``running`` or ``dispatched``: a stale token is refused with
+        ``False``. Idempotent, as :meth:`finish`.
         """
         return self._end(job, token, RunState.RELEASED)
 
@@ -209,7 +250,9 @@ class Store(abc.ABC):
 
         The one step behind :meth:`finish` (``done``, ``failed``) and
         :meth:`release` (``released``): only while the record carries ``token``
-        and is ``running``, else ``False``. The history records the end.
+        and is ``running`` or ``dispatched``; ``True`` also when it carries
+        ``token`` and already is ``state`` (the same step re-sent); else
+        ``False``. The history records the end.
         """
 
     @abc.abstractmethod
@@ -253,7 +296,7 @@ class Store(abc.ABC):
             return Claim(ClaimStatus.TAKEN, holder)
         if holder.slot_ms > slot_ms:
             return Claim(ClaimStatus.STALE, holder)
-        if holder.state is RunState.RUNNING and holder.lease_remaining > 0:
+        if holder.held:
             return Claim(ClaimStatus.BUSY, holder)
         return None
 
@@ -302,6 +345,10 @@ class ClaimOnlyStore(Store):
 
     def renew(self, job: str, token: int, lease: float) -> bool:
         """``True``: there is no lease to extend."""
+        return True
+
+    def dispatch(self, job: str, token: int, pickup: float) -> bool:
+        """``True``: there is no lease to hand off."""
         return True
 
     def _end(self, job: str, token: int, state: RunState) -> bool:

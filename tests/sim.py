@@ -8,10 +8,19 @@ freezing stops driving it for a while, like SIGSTOP.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+import argparse
+import logging
+import math
+import random
+import sys
+import threading
+import time as _time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
-from anarchon_core import Event, FakeClock, Run, Scheduler, SkewedClock
+from anarchon_core import Event, FakeClock, Run, Scheduler, SkewedClock, StoreUnavailable
+from anarchon_core.store import Claim, ClaimRequest, JobState, RunRecord, RunState, Store
 from anarchon_core.stores.memory import MemoryStore
 
 START = 1_699_999_200.0  # a whole hour: slots of every= grids dividing an hour line up with it
@@ -127,3 +136,661 @@ class Cluster:
             if span.job == job:
                 found.setdefault(span.slot_id, []).append(span)
         return found
+
+
+# ---------------------------------------------------------------------------
+# The fault-injecting simulation
+# ---------------------------------------------------------------------------
+#
+# Many instances share one memory store and one fake clock; each sees the store
+# through a FaultyStore that injects the faults production stores have, and
+# runs on its own clock (wall offset, rate drift within the stated bound).
+# A seeded timeline of kills, freezes, graceful stops, rolling restarts with
+# other options, partitions, error episodes and broker outages is played;
+# after every step the invariants are checked. Everything random comes from
+# the seed, so a failing seed replays the same run.
+
+try:  # the engine's own (absent from engines that predate it)
+    from anarchon_core import DispatchFailed
+except ImportError:  # pragma: no cover - only when replaying on an older engine
+
+    class DispatchFailed(Exception):  # type: ignore[no-redef]
+        pass
+
+
+#: The clock-rate bound the engine documents (two clocks differ by at most 2 %).
+RATE_SPREAD = 0.01
+#: Timeline events: SIGKILL, SIGSTOP/SIGCONT, SIGTERM (each followed by a restart),
+#: an instance's link flaky (some calls refused, answered with errors, slow, or
+#: with their reply lost after the write), a blackhole partition, connections
+#: refused, a server answering every write with an error, the broker down.
+TIMELINE = ("kill", "freeze", "terminate", "flaky", "partition", "refused", "errors", "broker")
+#: Faults of single calls on a flaky link; each is on when the fault before "_" is.
+CALL_FAULTS = ("refused", "errors", "lost_reply", "slow", "slow_lost")
+#: Every fault the simulation knows; "drift" gives instances clock offsets and rate
+#: drift within the bound, "deploy" restarts instances with another lease,
+#: "handoff" makes some jobs dispatch their work to simulated workers, "lost" and
+#: "slow" are the call faults of a flaky link.
+FAULTS = (*TIMELINE, "lost", "slow", "drift", "deploy", "handoff")
+
+
+class ServerError(Exception):
+    """A store server answering with an error (Redis NOREPLICAS/MISCONF, a read-only PostgreSQL)."""
+
+
+class DriftClock:
+    """A clock running at ``rate`` times the base clock, with a wall-clock ``offset``."""
+
+    def __init__(self, base: FakeClock, rate: float, offset: float) -> None:
+        self._base = base
+        self.rate = rate
+        self.offset = offset
+        self._mono0 = base.monotonic()
+        self._wall0 = base.time()
+
+    def _elapsed(self) -> float:
+        return (self._base.monotonic() - self._mono0) * self.rate
+
+    def time(self) -> float:
+        return self._wall0 + self._elapsed() + self.offset
+
+    def monotonic(self) -> float:
+        return 1000.0 + self._elapsed()
+
+    def sleep(self, seconds: float) -> None:
+        self._base.sleep(seconds / self.rate)
+
+    def wait(self, event: Any, timeout: float) -> bool:
+        return self._base.wait(event, timeout / self.rate)
+
+    def spawn(self, target: Callable[[], None], name: str) -> Any:
+        return self._base.spawn(target, name)
+
+
+@dataclass
+class Condition:
+    """What an instance's link to the store does from ``start`` to ``end`` (base seconds)."""
+
+    kind: str  # "flaky", "partition" (blackhole), "refused", "errors"
+    start: float
+    end: float
+    rate: float = 0.3  # flaky: the share of calls that fail
+
+
+class FaultyStore(Store):
+    """One instance's view of the shared store, with the faults of its condition."""
+
+    def __init__(self, inner: MemoryStore, sim: Chaos, inc: Incarnation) -> None:
+        super().__init__(namespace=inner.namespace)
+        self.inner, self.sim, self.inc = inner, sim, inc
+
+    def _call(self, step: Callable[[], Any]) -> Any:
+        sim, inc = self.sim, self.inc
+        sim.calls += 1
+        condition = sim.condition_of(inc)
+        if condition is None:
+            return step()
+        rnd = sim.rnd
+        if condition.kind == "partition":  # the link goes silent: the call times out
+            sim.block(inc, sim.call_timeout)
+            sim.faults += 1
+            raise StoreUnavailable("timed out (partition)")
+        if condition.kind == "refused":
+            sim.faults += 1
+            raise StoreUnavailable("connection refused")
+        if condition.kind == "errors":
+            sim.faults += 1
+            raise ServerError("NOREPLICAS Not enough good replicas to write.")
+        if rnd.random() >= condition.rate:
+            return step()
+        sim.faults += 1
+        faults = [f for f in CALL_FAULTS if f.partition("_")[0] in sim.faults_on]
+        if not faults:
+            return step()
+        fault = rnd.choice(faults)
+        if fault == "refused":
+            raise StoreUnavailable("connection reset")
+        if fault == "errors":
+            raise ServerError("READONLY You can't write against a read only replica.")
+        if fault.startswith("slow"):
+            sim.block(inc, rnd.uniform(0.2, 1.5) * sim.max_lease)
+        result = step()
+        if fault in ("lost_reply", "slow_lost"):
+            raise StoreUnavailable("connection lost after the request was sent")
+        return result
+
+    def claim(self, job: str, slot_ms: int, owner: str, lease: float) -> Claim:
+        return self.claim_many([ClaimRequest(job, slot_ms, lease)], owner)[0]
+
+    def claim_many(self, requests: Sequence[ClaimRequest], owner: str) -> list[Claim]:
+        claims: list[Claim] = self._call(lambda: self.inner.claim_many(requests, owner))
+        for claim in claims:
+            if claim.won and claim.holder is not None:
+                self.sim.token_won(claim.holder)
+        return claims
+
+    def takeover(self, job: str, slot_ms: int, owner: str, lease: float, seen_token: int) -> Claim:
+        claim: Claim = self._call(
+            lambda: self.inner.takeover(job, slot_ms, owner, lease, seen_token)
+        )
+        if claim.won and claim.holder is not None:
+            self.sim.token_won(claim.holder)
+        return claim
+
+    def renew(self, job: str, token: int, lease: float) -> bool:
+        return bool(self._call(lambda: self.inner.renew(job, token, lease)))
+
+    def dispatch(self, job: str, token: int, pickup: float) -> bool:
+        return bool(self._call(lambda: self.inner.dispatch(job, token, pickup)))
+
+    def _end(self, job: str, token: int, state: RunState) -> bool:
+        return bool(self._call(lambda: self.inner._end(job, token, state)))
+
+    def states(self, jobs: Iterable[str]) -> dict[str, JobState]:
+        names = list(jobs)
+        return dict(self._call(lambda: self.inner.states(names)))
+
+    def history(self, job: str, limit: int = 20) -> list[RunRecord]:
+        return self.inner.history(job, limit)
+
+    def jobs(self) -> list[str]:
+        return self.inner.jobs()
+
+
+@dataclass
+class Incarnation:
+    """One process of an instance: killed or stopped, it is replaced by a new one."""
+
+    name: str
+    gen: int
+    lease: float
+    clock: DriftClock
+    scheduler: Scheduler | None = None
+    state: str = "live"  # live, frozen, dead (killed), stopped (SIGTERM)
+    started: float = 0.0
+    #: Base times during which it was live and its link had no fault.
+    healthy: list[tuple[float, float]] = field(default_factory=list)
+    healthy_since: float | None = None
+
+
+@dataclass
+class Belief:
+    """One attempt of one slot that may believe it holds the slot: a handler or an executor."""
+
+    job: str
+    slot_id: str
+    attempt: int
+    token: int
+    holder: str
+    start: float
+    run: Run | None = None  # a handler's run: it believes while not run.lost
+    inc: Incarnation | None = None
+    ended: float | None = None
+    completed: bool = False
+    #: An executor's own deadline (base seconds), by the same lease rule as a runner.
+    deadline: float = math.inf
+
+
+@dataclass
+class Message:
+    """A dispatched slot's message, and what becomes of it."""
+
+    job: str
+    slot_id: str
+    attempt: int
+    token: int
+    lease: float
+    fate: str  # "runs", "dies", "lost", "untracked"
+    pick_at: float
+    duration: float
+    belief: Belief | None = None
+    next_renew: float = 0.0
+    done_at: float = 0.0
+
+
+@dataclass
+class Plan:
+    """One job of the simulated fleet."""
+
+    name: str
+    every: int
+    duration: float
+    handoff: bool
+
+
+class Violation(AssertionError):
+    pass
+
+
+class Chaos:
+    """A seeded run of a fleet under faults; :meth:`run` raises :class:`Violation`."""
+
+    def __init__(
+        self,
+        seed: int,
+        *,
+        instances: int = 3,
+        seconds: float = 300.0,
+        faults: Iterable[str] = FAULTS,
+    ) -> None:
+        self.seed = seed
+        self.faults_on = frozenset(faults)
+        unknown = self.faults_on - set(FAULTS)
+        if unknown:
+            raise ValueError(f"unknown faults {sorted(unknown)}; known: {', '.join(FAULTS)}")
+        self.rnd = random.Random(seed)
+        self.seconds = seconds
+        self.clock = FakeClock(START)
+        self.store = MemoryStore(clock=self.clock)
+        self.instances = instances
+        self.incarnations: list[Incarnation] = []
+        self.blocked: list[Incarnation] = []
+        self.conditions: dict[int, list[Condition]] = {}
+        self.broker_down: list[tuple[float, float]] = []
+        self.beliefs: list[Belief] = []
+        self.messages: list[Message] = []
+        self.events: list[Event] = []
+        self.timeline: list[tuple[float, str, str]] = []
+        self.tokens: dict[str, int] = {}
+        self.calls = self.faults = self.steps = 0
+        self.call_timeout = self.rnd.choice([1.0, 3.0, 8.0])
+        self.driver = threading.get_ident()
+        leases = [2.0, 3.0, 5.0]
+        self.leases = self.rnd.sample(leases, 2)
+        self.max_lease = max(self.leases)
+        self.jobs = [
+            Plan(f"job{i}", every, self.rnd.uniform(0.1, 0.5) * every, self.rnd.random() < 0.3)
+            for i, every in enumerate(self.rnd.choices([10, 15, 20, 30], k=3))
+        ]
+        self._plan_timeline()
+
+    # -- the timeline ------------------------------------------------------
+
+    def _plan_timeline(self) -> None:
+        rnd, end = self.rnd, START + self.seconds
+        for k in range(self.instances):
+            self.timeline.append((START, "start", f"i{k}"))
+        t = START + rnd.uniform(5, 20)
+        kinds = [k for k in TIMELINE if k in self.faults_on]
+        while kinds and t < end - 30:
+            kind = rnd.choice(kinds)
+            self.timeline.append((t, kind, f"i{rnd.randrange(self.instances)}"))
+            t += rnd.expovariate(1 / 12)
+        self.timeline.sort()
+
+    def _play(self, now: float) -> None:
+        while self.timeline and self.timeline[0][0] <= now:
+            at, kind, name = self.timeline.pop(0)
+            self.log.append(f"{at - START:8.3f} {kind} {name}")
+            current = self._current(name)
+            if kind == "start":
+                self._start(name, self.leases[0])
+            elif kind == "broker":
+                self.broker_down.append((now, now + self.rnd.uniform(1, 8)))
+            elif current is None:
+                continue
+            elif kind in ("flaky", "partition", "refused", "errors"):
+                length = self.rnd.uniform(1, 3 * self.max_lease)
+                cond = Condition(kind, now, now + length, rate=self.rnd.uniform(0.05, 0.5))
+                self.conditions.setdefault(id(current), []).append(cond)
+                self._health(current, now)
+            elif kind == "freeze" and current.state == "live":
+                current.state = "frozen"
+                self._health(current, now)
+                self.timeline.append((now + self.rnd.uniform(1, 3 * self.max_lease), "thaw", name))
+                self.timeline.sort()
+            elif kind == "thaw" and current.state == "frozen":
+                current.state = "live"
+                self._health(current, now)
+            elif kind in ("kill", "terminate") and current.state == "live":
+                if kind == "kill":
+                    current.state = "dead"
+                else:
+                    current.state = "stopped"
+                    assert current.scheduler is not None
+                    self._guard(current, lambda: current.scheduler.stop(timeout=0))  # type: ignore[union-attr]
+                self._health(current, now)
+                # A restart, with the other lease in a rolling deploy that changes it.
+                restart = now + self.rnd.uniform(0.5, 5)
+                self.timeline.append((restart, "restart", name))
+                self.timeline.sort()
+            elif kind == "restart" and current.state in ("dead", "stopped"):
+                deploy = "deploy" in self.faults_on
+                self._start(name, self.rnd.choice(self.leases) if deploy else current.lease)
+
+    def _current(self, name: str) -> Incarnation | None:
+        found = [inc for inc in self.incarnations if inc.name == name]
+        return found[-1] if found else None
+
+    def _start(self, name: str, lease: float) -> None:
+        now = self.clock.time()
+        drift = "drift" in self.faults_on
+        rate = 1 + self.rnd.uniform(-RATE_SPREAD, RATE_SPREAD) if drift else 1.0
+        clock = DriftClock(self.clock, rate, self.rnd.uniform(-0.3, 0.3) if drift else 0.0)
+        inc = Incarnation(name, len(self.incarnations), lease, clock, started=now)
+        store = FaultyStore(self.store, self, inc)
+        scheduler = Scheduler(
+            store,
+            instance=name,  # a restarted process may reuse its name
+            clock=clock,
+            seed=self.rnd.getrandbits(32),
+            listener=self.events.append,
+            lease=lease,
+        )
+        for plan in self.jobs:
+            handoff = plan.handoff and "handoff" in self.faults_on
+            handler = self._dispatcher(plan, inc) if handoff else self._handler(plan, inc)
+            scheduler.add_job(handler, name=plan.name, every=plan.every)
+        inc.scheduler = scheduler
+        self.incarnations.append(inc)
+        self._health(inc, now)
+
+    # -- handlers and executors ---------------------------------------------
+
+    def _handler(self, plan: Plan, inc: Incarnation) -> Callable[[Run], None]:
+        def work(run: Run) -> None:
+            belief = Belief(
+                run.job, run.slot_id, run.attempt, run.token, inc.name, self.clock.time(), run, inc
+            )
+            self.beliefs.append(belief)
+            end = belief.start + plan.duration
+            try:
+                while self.clock.time() < end - 1e-9 and inc.state != "dead":
+                    run.check()  # as a handler should: LeaseLost once the run is lost
+                    self.clock.sleep(min(0.5, end - self.clock.time()))
+                belief.completed = inc.state != "dead"
+            finally:
+                belief.ended = self.clock.time()
+
+        return work
+
+    def _dispatcher(self, plan: Plan, inc: Incarnation) -> Callable[[Run], None]:
+        def dispatch(run: Run) -> None:
+            now = self.clock.time()
+            pickup = run_lease(inc) * 4
+            run.hand_off(pickup)
+            if any(a <= now < b for a, b in self.broker_down):  # the send fails
+                raise DispatchFailed("broker unreachable")
+            fate = self.rnd.choices(["runs", "dies", "lost", "untracked"], [6, 2, 1, 1])[0]
+            delay = self.rnd.uniform(0, pickup * 0.8)
+            self.messages.append(
+                Message(
+                    run.job,
+                    run.slot_id,
+                    run.attempt,
+                    run.token,
+                    run_lease(inc),
+                    fate,
+                    now + delay,
+                    plan.duration,
+                )
+            )
+
+        return dispatch
+
+    def _executors(self, now: float) -> None:
+        """Workers taking, renewing and finishing dispatched slots (their link never fails)."""
+        for msg in self.messages:
+            belief = msg.belief
+            if belief is None and msg.fate != "lost" and msg.pick_at <= now:
+                if msg.fate == "untracked":  # runs without taking the lease (an older worker)
+                    msg.belief = Belief(
+                        msg.job,
+                        msg.slot_id,
+                        msg.attempt,
+                        msg.token,
+                        "worker",
+                        now,
+                        deadline=now + msg.duration,
+                    )
+                    msg.belief.ended = now + msg.duration
+                    self.beliefs.append(msg.belief)
+                    msg.fate = "gone"
+                    continue
+                if not self.store.renew(msg.job, msg.token, msg.lease):
+                    msg.fate = "gone"  # a later attempt was sent: skipped
+                    continue
+                msg.belief = Belief(
+                    msg.job,
+                    msg.slot_id,
+                    msg.attempt,
+                    msg.token,
+                    "worker",
+                    now,
+                    deadline=now + msg.lease * 0.95,
+                )
+                self.beliefs.append(msg.belief)
+                msg.next_renew = now + msg.lease / 3
+                msg.done_at = now + (msg.duration if msg.fate == "runs" else msg.duration / 2)
+            elif belief is not None and belief.ended is None:
+                if now >= msg.done_at:
+                    belief.ended = now
+                    if msg.fate == "runs" and now < belief.deadline:
+                        belief.completed = self.store.finish(msg.job, msg.token, RunState.DONE)
+                elif now >= belief.deadline:
+                    belief.ended = belief.deadline
+                elif now >= msg.next_renew:
+                    sent = now
+                    if self.store.renew(msg.job, msg.token, msg.lease):
+                        belief.deadline = sent + msg.lease * 0.95
+                        msg.next_renew = now + msg.lease / 3
+                    else:
+                        belief.ended = now
+
+    # -- driving ---------------------------------------------------------------
+
+    def condition_of(self, inc: Incarnation) -> Condition | None:
+        now = self.clock.time()
+        for cond in self.conditions.get(id(inc), ()):
+            if cond.start <= now < cond.end:
+                return cond
+        return None
+
+    def _health(self, inc: Incarnation, now: float) -> None:
+        healthy = inc.state == "live" and self.condition_of(inc) is None and inc not in self.blocked
+        if healthy and inc.healthy_since is None:
+            inc.healthy_since = now
+        elif not healthy and inc.healthy_since is not None:
+            inc.healthy.append((inc.healthy_since, now))
+            inc.healthy_since = None
+
+    def block(self, inc: Incarnation, seconds: float) -> None:
+        """``inc``'s store call takes ``seconds``: the others go on meanwhile."""
+        if threading.get_ident() != self.driver:
+            self.clock.sleep(seconds)  # a handler's call (a hand-off): its thread sleeps
+            return
+        if len(self.blocked) >= 2:
+            self.clock.advance(0)  # too deep: the call returns at once
+            return
+        self.blocked.append(inc)
+        self._health(inc, self.clock.time())
+        try:
+            self._drive(self.clock.time() + seconds)
+        finally:
+            self.blocked.remove(inc)
+            self._health(inc, self.clock.time())
+
+    def _guard(self, inc: Incarnation, step: Callable[[], Any]) -> Any:
+        try:
+            return step()
+        except Violation:
+            raise
+        except Exception as exc:
+            raise Violation(
+                f"(d) the step of {inc.name}#{inc.gen} raised {type(exc).__name__}: {exc}"
+            ) from exc
+
+    def _drive(self, until: float) -> None:
+        while self.clock.time() < until - 1e-9:
+            now = self.clock.time()
+            self._play(now)
+            for inc in self.incarnations:
+                self._health(inc, now)
+            delays: list[float] = [until - now]
+            for inc in list(self.incarnations):
+                if inc.state != "live" or inc in self.blocked or inc.scheduler is None:
+                    continue
+                self.steps += 1
+                scheduler = inc.scheduler
+                delay = self._guard(inc, scheduler.run_pending)
+                delays.append(delay / inc.clock.rate)
+                now = self.clock.time()
+            self.clock.settle()
+            self._executors(self.clock.time())
+            self._check(self.clock.time())
+            wake = self.clock.next_deadline()
+            if wake is not None:
+                delays.append(wake - self.clock.monotonic())
+            if self.timeline:
+                delays.append(self.timeline[0][0] - self.clock.time())
+            for msg in self.messages:
+                if msg.belief is None and msg.fate in ("runs", "dies", "untracked"):
+                    delays.append(msg.pick_at - self.clock.time())
+                elif msg.belief is not None and msg.belief.ended is None:
+                    delays.append(min(msg.next_renew, msg.done_at, msg.belief.deadline) - now)
+            step = min(delays)
+            self.clock.advance(max(step, 0.001))
+
+    def run(self) -> None:
+        self.log: list[str] = []
+        try:
+            self._drive(START + self.seconds)
+            for inc in self.incarnations:
+                self._health(inc, START + self.seconds)
+                if inc.healthy_since is not None:
+                    inc.healthy.append((inc.healthy_since, START + self.seconds))
+            self._check_liveness()
+        except Violation as exc:
+            replay = "\n".join(self.log[-40:])
+            raise Violation(
+                f"seed {self.seed}: {exc}\nreplay: python -m tests.sim --seed {self.seed}\n"
+                f"the last events of the timeline:\n{replay}"
+            ) from None
+        finally:
+            for inc in self.incarnations:
+                inc.state = "dead"
+            self.clock.advance(60)  # let the handler threads see they are dead
+
+    # -- the invariants ----------------------------------------------------------
+
+    def token_won(self, holder: JobState) -> None:
+        """(b) tokens strictly rise per job."""
+        last = self.tokens.get(holder.job, 0)
+        if holder.token <= last:
+            raise Violation(f"(b) token {holder.token} of {holder.job} after {last}")
+        self.tokens[holder.job] = holder.token
+
+    def _believes(self, belief: Belief, now: float) -> bool:
+        if belief.ended is not None and belief.ended <= now:
+            return False
+        if belief.run is not None:
+            assert belief.inc is not None
+            return belief.inc.state != "dead" and not belief.run.lost
+        return now < belief.deadline
+
+    def _check(self, now: float) -> None:
+        """(a) never two attempts of one slot believing they hold it at one instant."""
+        holding: dict[str, Belief] = {}
+        per_instance: dict[tuple[int, str], Belief] = {}
+        for belief in self.beliefs:
+            if not self._believes(belief, now):
+                continue
+            other = holding.get(belief.slot_id)
+            if other is not None and other.token != belief.token:
+                raise Violation(
+                    f"(a) at {now - START:.3f}: {belief.slot_id} attempt {other.attempt} on"
+                    f" {other.holder} and attempt {belief.attempt} on {belief.holder}"
+                    " both believe they hold it"
+                )
+            holding[belief.slot_id] = belief
+            if belief.inc is not None:
+                key = (belief.inc.gen, belief.job)
+                mine = per_instance.get(key)
+                if mine is not None:
+                    raise Violation(
+                        f"(a) at {now - START:.3f}: {belief.holder} runs {mine.slot_id} and"
+                        f" {belief.slot_id} of one job, neither told it lost"
+                    )
+                per_instance[key] = belief
+
+    def _check_liveness(self) -> None:
+        """(c) every slot due while an instance was healthy through its window ran.
+
+        Plain jobs: a handler ran it to its end. Dispatching jobs: it was
+        dispatched, if the broker was up for two seconds running within the
+        window. Exempt: slots skipped as overlaps (a documented rule).
+        """
+        end = START + self.seconds
+        exempt = {e.slot_id for e in self.events if e.kind == "overlap"}
+        dispatched = {e.slot_id for e in self.events if e.kind == "dispatched"}
+        for plan in self.jobs:
+            handoff = plan.handoff and "handoff" in self.faults_on
+            t = START + plan.every
+            while t + plan.every + 2 * self.max_lease + plan.duration < end:
+                slot = f"{plan.name}@{int(t * 1000)}"
+                window = (t - plan.every, t + plan.every + 2 * self.max_lease + plan.duration)
+                covered = any(
+                    a <= window[0] and window[1] <= b
+                    for inc in self.incarnations
+                    for a, b in inc.healthy
+                )
+                if handoff:
+                    covered = covered and self._broker_up(t, t + plan.every - 1, 2.0)
+                    ran = slot in dispatched
+                else:
+                    ran = any(b.slot_id == slot and b.completed for b in self.beliefs)
+                if covered and not ran and slot not in exempt:
+                    raise Violation(f"(c) {slot} never ran, though an instance was healthy")
+                t += plan.every
+
+    def _broker_up(self, start: float, end: float, length: float) -> bool:
+        """Whether the broker was up ``length`` seconds running between ``start`` and ``end``."""
+        t = start
+        for a, b in sorted(self.broker_down):
+            if b <= t:
+                continue
+            if a - t >= length:
+                return True
+            t = max(t, b)
+            if t >= end:
+                return False
+        return end - t >= length
+
+
+def run_lease(inc: Incarnation) -> float:
+    return inc.lease
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m tests.sim --seed N`` replays one seed; ``--seeds A:B`` soaks a range."""
+    parser = argparse.ArgumentParser(prog="python -m tests.sim")
+    parser.add_argument("--seed", type=int)
+    parser.add_argument("--seeds", default="0:20", help="a range A:B of seeds")
+    parser.add_argument("--seconds", type=float, default=300.0)
+    parser.add_argument("--instances", type=int, default=3)
+    parser.add_argument("--faults", default=",".join(FAULTS), help="the faults on, comma-separated")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.ERROR)
+    seeds = [args.seed] if args.seed is not None else range(*map(int, args.seeds.split(":")))
+    steps = calls = faults = failed = 0
+    began = _time.monotonic()
+    for seed in seeds:
+        chaos = Chaos(
+            seed, instances=args.instances, seconds=args.seconds, faults=args.faults.split(",")
+        )
+        try:
+            chaos.run()
+        except Violation as exc:
+            failed += 1
+            print(exc, file=sys.stderr)
+        steps, calls, faults = steps + chaos.steps, calls + chaos.calls, faults + chaos.faults
+    print(
+        f"{len(seeds)} seeds, {failed} failed: {steps} instance-steps, {calls} store calls,"
+        f" {faults} faults injected, {args.seconds * args.instances * len(seeds) / 3600:.1f}"
+        f" simulated instance-hours, {_time.monotonic() - began:.0f} s"
+    )
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -2,9 +2,13 @@
 
 Every step is one statement on ``anarchon_jobs``; the run history in
 ``anarchon_runs`` follows by triggers, inside the same statement, so the
-history can never disagree with the record. ``NOW`` is the server's clock
-in Unix seconds; SQLite fixes ``'now'`` for the whole statement, triggers
-included. (``unixepoch('subsec')`` would be shorter but needs SQLite 3.42.)
+history can never disagree with the record. ``renew`` and ``dispatch`` set
+the state (``running``, ``dispatched``) and the lease of the token's holding
+run; ``finish``/``release`` end it, and match again, changing nothing, when
+the record already carries the token with that very end (a re-sent end).
+``NOW`` is the server's clock in Unix seconds; SQLite fixes ``'now'`` for
+the whole statement, triggers included. (``unixepoch('subsec')`` would be
+shorter but needs SQLite 3.42.)
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import re
 from ..store import HISTORY
 
 NOW = "((julianday('now') - 2440587.5) * 86400.0)"
+#: The states that hold the lease, as an SQL list.
+_HELD_STATES = "('running', 'dispatched')"
 
 SCHEMA = [
     """CREATE TABLE IF NOT EXISTS anarchon_jobs (
@@ -58,9 +64,15 @@ SCHEMA = [
         DELETE FROM anarchon_runs WHERE namespace = NEW.namespace AND job = NEW.job
            AND token <= NEW.token - {HISTORY};
     END""",
-    f"""CREATE TRIGGER IF NOT EXISTS anarchon_run_end AFTER UPDATE OF state ON anarchon_jobs
+    # The same token changing state: between running and dispatched the attempt
+    # stays open; done, failed and released end it. Replaced on every schema
+    # setup (SQLite has no CREATE OR REPLACE TRIGGER), so that databases made
+    # by older versions, whose trigger ended the attempt on any change, get it.
+    "DROP TRIGGER IF EXISTS anarchon_run_end",
+    f"""CREATE TRIGGER anarchon_run_end AFTER UPDATE OF state ON anarchon_jobs
     WHEN NEW.token = OLD.token AND NEW.state != OLD.state BEGIN
-        UPDATE anarchon_runs SET state = NEW.state, ended_at = {NOW}
+        UPDATE anarchon_runs SET state = NEW.state,
+               ended_at = CASE WHEN NEW.state IN {_HELD_STATES} THEN ended_at ELSE {NOW} END
          WHERE namespace = NEW.namespace AND job = NEW.job AND token = NEW.token;
     END""",
 ]
@@ -75,7 +87,7 @@ VALUES (:ns, :job, :slot, :owner, 1, 1, 'running', {NOW} + :lease)
 ON CONFLICT (namespace, job) DO UPDATE SET
     slot_ms = excluded.slot_ms, owner = excluded.owner, attempt = 1, token = token + 1,
     state = 'running', lease_until = excluded.lease_until
-WHERE slot_ms < excluded.slot_ms AND (state != 'running' OR lease_until <= {NOW})
+WHERE slot_ms < excluded.slot_ms AND (state NOT IN {_HELD_STATES} OR lease_until <= {NOW})
 {_RETURNING}
 """
 
@@ -87,12 +99,21 @@ WHERE namespace = :ns AND job = :job AND slot_ms = :slot AND token = :token
 {_RETURNING}
 """
 
-_HELD = "WHERE namespace = :ns AND job = :job AND token = :token AND state = 'running'"
+_HELD = f"WHERE namespace = :ns AND job = :job AND token = :token AND state IN {_HELD_STATES}"
 
-RENEW = f"UPDATE anarchon_jobs SET lease_until = {NOW} + :lease {_HELD}"
+#: A renewal also picks a dispatched run up: it is running again.
+RENEW = f"UPDATE anarchon_jobs SET state = 'running', lease_until = {NOW} + :lease {_HELD}"
 
-#: finish (done/failed) and release (released) alike end the lease now.
-END = f"UPDATE anarchon_jobs SET state = :state, lease_until = {NOW} {_HELD}"
+DISPATCH = f"UPDATE anarchon_jobs SET state = 'dispatched', lease_until = {NOW} + :lease {_HELD}"
+
+#: finish (done/failed) and release (released) alike end the lease now. The
+#: same end re-sent matches too, and changes nothing (its lease end stays).
+END = f"""
+UPDATE anarchon_jobs SET state = :state,
+    lease_until = CASE WHEN state = :state THEN lease_until ELSE {NOW} END
+WHERE namespace = :ns AND job = :job AND token = :token
+  AND (state IN {_HELD_STATES} OR state = :state)
+"""
 
 SELECT = f"""
 SELECT job, slot_ms, owner, attempt, token, state, lease_until - {NOW}

@@ -14,7 +14,16 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..clock import Clock, SystemClock
-from ..store import HISTORY, Claim, ClaimStatus, JobState, RunRecord, RunState, Store
+from ..store import (
+    HELD_STATES,
+    HISTORY,
+    Claim,
+    ClaimStatus,
+    JobState,
+    RunRecord,
+    RunState,
+    Store,
+)
 
 
 @dataclass
@@ -92,23 +101,36 @@ class MemoryStore(Store):
             self._start(job, rec, now)
             return Claim(ClaimStatus.WON, self._state(job, rec, now))
 
-    def _running(self, job: str, token: int) -> _Record | None:
-        """The record of ``job`` if it carries ``token`` and is running."""
+    def _held(self, job: str, token: int) -> _Record | None:
+        """The record of ``job`` if it carries ``token`` and holds the lease."""
         rec = self._records.get(job)
-        if rec is None or rec.token != token or rec.state is not RunState.RUNNING:
+        if rec is None or rec.token != token or rec.state not in HELD_STATES:
             return None
         return rec
 
     def renew(self, job: str, token: int, lease: float) -> bool:
+        return self._hold(job, token, RunState.RUNNING, lease)
+
+    def dispatch(self, job: str, token: int, pickup: float) -> bool:
+        return self._hold(job, token, RunState.DISPATCHED, pickup)
+
+    def _hold(self, job: str, token: int, state: RunState, lease: float) -> bool:
         with self._lock:
-            rec = self._running(job, token)
-            if rec is not None:
-                rec.lease_until = self._clock.time() + float(lease)
-            return rec is not None
+            rec = self._held(job, token)
+            if rec is None:
+                return False
+            rec.state, rec.lease_until = state, self._clock.time() + float(lease)
+            runs = self._history.get(job)
+            if runs and runs[0].token == token and runs[0].ended_at is None:
+                runs[0] = replace(runs[0], state=state)
+            return True
 
     def _end(self, job: str, token: int, state: RunState) -> bool:
         with self._lock:
-            rec = self._running(job, token)
+            current = self._records.get(job)
+            if current is not None and current.token == token and current.state is state:
+                return True  # the same end, re-sent after its reply was lost
+            rec = self._held(job, token)
             if rec is None:
                 return False
             now = self._clock.time()

@@ -16,13 +16,18 @@ Every step is a compare-and-set: read the value and its revision, decide as
 the contract says, then ``create`` (only if the key does not exist) or
 ``update(key, value, last=revision)`` (only if nobody wrote since). A lost
 compare-and-set is never overwritten: the step reads and decides again.
+``renew`` and ``dispatch`` write the state (``running``, ``dispatched``) and
+lease of the token's holder, running or dispatched; ``finish``/``release``
+end it, and an end the record already has with the token is answered yes
+with nothing written (a re-sent end).
 
 The lease clock: NATS has no clock a client can read, and comparing a
 message's server time with this machine's wall clock would break under clock
 skew. So the **observer's monotonic clock** judges. This store object
 remembers per job the revision it last saw and when it first saw it; every
-renewal writes a new revision; a running record whose revision has not
-changed for ``lease`` seconds of this process's clock has lapsed
+renewal (and dispatch) writes a new revision; a running or dispatched record
+whose revision has not changed for ``lease`` seconds of this process's clock
+has lapsed
 (``lease_remaining = lease - (now - first seen)``). The runner's own writes
 count from just before they were sent, so it believes its lease ends before
 any observer does. Hence a fresh observer (a restarted instance) waits a full
@@ -70,7 +75,17 @@ from nats.js.kv import KeyValue
 from ..clock import Clock, SystemClock
 from ..durations import parse_duration
 from ..errors import ConfigurationError, StoreUnavailable
-from ..store import HISTORY, Claim, ClaimRequest, ClaimStatus, JobState, RunRecord, RunState, Store
+from ..store import (
+    HELD_STATES,
+    HISTORY,
+    Claim,
+    ClaimRequest,
+    ClaimStatus,
+    JobState,
+    RunRecord,
+    RunState,
+    Store,
+)
 from ..urls import redact
 
 log = logging.getLogger(__name__)
@@ -79,6 +94,7 @@ T = TypeVar("T")
 _ROUNDS = 20
 _UNAVAILABLE = (nats.errors.Error, OSError, asyncio.TimeoutError)
 _Record = dict[str, Any]
+_HELD = {state.value for state in HELD_STATES}
 #: A step's decision from the record read: the record to write (None: write
 #: nothing) and the answer, given once the write (if any) succeeded.
 _Decide = Callable[[_Record | None, JobState | None], tuple[_Record | None, T]]
@@ -104,8 +120,11 @@ def job_name(key: str) -> str | None:
         return None
 
 
-def _end(runs: list[list[Any]], state: RunState, at: float) -> list[list[Any]]:
-    """``runs`` with the newest attempt, if still open, ended as ``state``."""
+def _end(runs: list[list[Any]], state: RunState, at: float | None) -> list[list[Any]]:
+    """``runs`` with the newest attempt, if still open, ended as ``state``.
+
+    At ``None`` it stays open, in ``state`` (between running and dispatched).
+    """
     if runs and runs[0][6] is None:
         return [[*runs[0][:4], state.value, runs[0][5], at], *runs[1:]]
     return runs
@@ -253,7 +272,7 @@ class NatsStore(Store):
         if seen is None or seen[:2] != (revision, record["token"]):
             seen = self._seen[job] = (revision, record["token"], self._clock.monotonic())
         r = record
-        if r["state"] == RunState.RUNNING.value:
+        if r["state"] in _HELD:
             remaining = r["lease"] - (self._clock.monotonic() - seen[2])
         else:  # ended: minus the time since, only to place catch-ups (see above)
             remaining = min(0.0, r["ended_at"] - self._clock.time())
@@ -315,14 +334,22 @@ class NatsStore(Store):
         return decide
 
     def _changing(self, token: int, lease: float, state: RunState) -> _Decide[bool]:
-        """Renew (``state`` running) or end the run, while it carries ``token``."""
+        """Renew (``state`` running), dispatch or end the run, while it carries ``token``.
+
+        An end the record already has (with ``token``) is answered ``True``, unwritten.
+        """
         now = self._clock.time()
+        holding = state.value in _HELD
 
         def decide(old: _Record | None, current: JobState | None) -> tuple[_Record | None, bool]:
-            if old is None or old["token"] != token or old["state"] != RunState.RUNNING.value:
+            if old is None or old["token"] != token:
                 return None, False
-            runs = old["runs"] if state is RunState.RUNNING else _end(old["runs"], state, now)
-            ended_at = None if state is RunState.RUNNING else now
+            if old["state"] not in _HELD:
+                return None, old["state"] == state.value and not holding
+            ended_at = None if holding else now
+            runs = old["runs"]
+            if old["state"] != state.value:  # an end, or between running and dispatched
+                runs = _end(runs, state, ended_at)
             new = {**old, "state": state.value, "lease": lease, "ended_at": ended_at, "runs": runs}
             return new, True
 
@@ -357,6 +384,9 @@ class NatsStore(Store):
 
     def renew(self, job: str, token: int, lease: float) -> bool:
         return self._run(lambda: self._cas(job, self._changing(token, lease, RunState.RUNNING)))
+
+    def dispatch(self, job: str, token: int, pickup: float) -> bool:
+        return self._run(lambda: self._cas(job, self._changing(token, pickup, RunState.DISPATCHED)))
 
     def _end(self, job: str, token: int, state: RunState) -> bool:
         return self._run(lambda: self._cas(job, self._changing(token, 0.0, state)))

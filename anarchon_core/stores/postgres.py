@@ -22,17 +22,22 @@ locks, grants and vacuum away from another's, and a namespace goes with a
 ``DROP TABLE``. They are created on first use, idempotently (``IF NOT
 EXISTS``, ``CREATE OR REPLACE``), in one transaction holding a transaction-level
 advisory lock, so instances starting together do not trip over each other's
-DDL. A role that may not create tables needs them made once by one that may.
+DDL. A role that may not create tables needs them made once by one that may;
+so does an upgrade that changes the trigger function: a store that finds the
+trigger running another version's function replaces it (``CREATE OR REPLACE``).
 
 Each step is one autocommit statement, with no session state, advisory lock or
 server-side prepared statement, as PgBouncer in transaction mode requires:
 ``claim`` is ``INSERT ... ON CONFLICT (job) DO UPDATE ... WHERE <older slot,
 ended or lapsed> RETURNING``; ``takeover`` is ``UPDATE ... WHERE <slot, token,
 released or lapsed> RETURNING``; either, when it lost, reads the holder with a
-``SELECT``. ``renew``, ``finish`` and ``release`` are ``UPDATE ... WHERE
-<token, running>``. ``claim_many`` sends every claim with its holder read in
-one pipeline: one round trip and one implicit transaction, taking rows in
-job-name order so that two batches cannot deadlock. Leases expire by the
+``SELECT``. ``renew`` (state ``running``), ``dispatch`` (``dispatched``),
+``finish`` and ``release`` are ``UPDATE ... WHERE <token, running or
+dispatched>``; an end also matches the record that already carries the token
+with that very end (re-sent), and leaves it unchanged. ``claim_many`` sends
+every claim with its holder read in one pipeline: one round trip and one
+implicit transaction, taking rows in job-name order so that two batches
+cannot deadlock. Leases expire by the
 server's ``clock_timestamp()`` (``now()`` stands still for a transaction, so a
 statement that waited on a row lock would judge by a stale time). A row
 trigger keeps the history inside the same statement, as in the SQLite store.
@@ -75,6 +80,7 @@ _UNAVAILABLE = (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout)
 _COLUMNS = "job, slot_ms, owner, attempt, token, state, "
 _COLUMNS += "extract(epoch FROM lease_until - clock_timestamp())::float8"
 _LEASE = "clock_timestamp() + make_interval(secs => %(lease)s::float8)"
+_HELD_STATES = "('running', 'dispatched')"
 
 _SCHEMA = [
     """CREATE TABLE IF NOT EXISTS {jobs} (job text PRIMARY KEY, slot_ms bigint NOT NULL,
@@ -87,9 +93,15 @@ _SCHEMA = [
     # slot is taken over, abandoned when a newer slot supersedes it; one that
     # already ended keeps its state), start the next, trim the oldest.
     f"""CREATE OR REPLACE FUNCTION {{log}}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
-        IF TG_OP = 'UPDATE' AND NEW.token = OLD.token THEN  -- ended: done, failed, released
-            UPDATE {{runs}} SET state = NEW.state, ended_at = clock_timestamp()
-             WHERE job = NEW.job AND token = NEW.token;
+        IF TG_OP = 'UPDATE' AND NEW.token = OLD.token THEN
+            -- Between running and dispatched the attempt stays open; done,
+            -- failed and released end it; an unchanged state (a renewal, an
+            -- end re-sent) leaves it be.
+            IF NEW.state IS DISTINCT FROM OLD.state THEN
+                UPDATE {{runs}} SET state = NEW.state, ended_at = CASE
+                       WHEN NEW.state IN {_HELD_STATES} THEN ended_at ELSE clock_timestamp() END
+                 WHERE job = NEW.job AND token = NEW.token;
+            END IF;
             RETURN NULL;
         ELSIF TG_OP = 'UPDATE' THEN
             UPDATE {{runs}} SET ended_at = clock_timestamp(),
@@ -104,6 +116,10 @@ _SCHEMA = [
 ]
 _HAS_TRIGGER = """SELECT 1 FROM pg_trigger
     WHERE tgrelid = to_regclass({name}) AND tgname = 'anarchon_history'"""
+#: The trigger exists and runs this version's function: nothing to create or replace.
+_IS_CURRENT = """SELECT 1 FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid
+    WHERE t.tgrelid = to_regclass({name}) AND t.tgname = 'anarchon_history'
+      AND p.prosrc = {body}"""
 _TRIGGER = """CREATE TRIGGER anarchon_history AFTER INSERT OR UPDATE OF token, state
     ON {jobs} FOR EACH ROW EXECUTE FUNCTION {log}()"""
 _STATEMENTS = {
@@ -115,18 +131,24 @@ _STATEMENTS = {
         ON CONFLICT (job) DO UPDATE SET slot_ms = excluded.slot_ms, owner = excluded.owner,
             attempt = 1, token = j.token + 1, state = 'running', lease_until = {_LEASE}
         WHERE j.slot_ms < excluded.slot_ms
-          AND (j.state <> 'running' OR j.lease_until <= clock_timestamp())
+          AND (j.state NOT IN {_HELD_STATES} OR j.lease_until <= clock_timestamp())
         RETURNING {_COLUMNS}""",
     "takeover": f"""UPDATE {{jobs}} SET owner = %(owner)s, attempt = attempt + 1,
             token = token + 1, state = 'running', lease_until = {_LEASE}
         WHERE job = %(job)s AND slot_ms = %(slot)s AND token = %(token)s
           AND (state = 'released' OR (state = 'running' AND lease_until <= clock_timestamp()))
         RETURNING {_COLUMNS}""",
-    "renew": f"""UPDATE {{jobs}} SET lease_until = {_LEASE}
-        WHERE job = %(job)s AND token = %(token)s AND state = 'running'""",
-    # finish (done/failed) and release (released) alike end the lease now.
-    "end": """UPDATE {jobs} SET state = %(state)s, lease_until = clock_timestamp()
-        WHERE job = %(job)s AND token = %(token)s AND state = 'running'""",
+    # A renewal also picks a dispatched run up: it is running again.
+    "renew": f"""UPDATE {{jobs}} SET state = 'running', lease_until = {_LEASE}
+        WHERE job = %(job)s AND token = %(token)s AND state IN {_HELD_STATES}""",
+    "dispatch": f"""UPDATE {{jobs}} SET state = 'dispatched', lease_until = {_LEASE}
+        WHERE job = %(job)s AND token = %(token)s AND state IN {_HELD_STATES}""",
+    # finish (done/failed) and release (released) alike end the lease now. The
+    # same end re-sent matches too and changes nothing (its lease end stays).
+    "end": f"""UPDATE {{jobs}} SET state = %(state)s, lease_until = CASE
+            WHEN state = %(state)s THEN lease_until ELSE clock_timestamp() END
+        WHERE job = %(job)s AND token = %(token)s
+          AND (state IN {_HELD_STATES} OR state = %(state)s)""",
     "holder": f"SELECT {_COLUMNS} FROM {{jobs}} WHERE job = %(job)s",
     "states": f"SELECT {_COLUMNS} FROM {{jobs}} WHERE job = ANY(%(jobs)s)",
     "history": """SELECT job, slot_ms, attempt, token, owner, state,
@@ -213,6 +235,11 @@ class PostgresStore(Store):
         self._schema = [sql.SQL(s).format(**names).as_bytes(None) for s in _SCHEMA]
         self._trigger = sql.SQL(_TRIGGER).format(**names).as_bytes(None)
         self._has_trigger = sql.SQL(_HAS_TRIGGER).format(name=sql.Literal(jobs)).as_bytes(None)
+        function = self._schema[-1].decode()
+        body = sql.Literal(function[function.index("$$") + 2 : function.rindex("$$")])
+        self._is_current = (
+            sql.SQL(_IS_CURRENT).format(name=sql.Literal(jobs), body=body).as_bytes(None)
+        )
         digest = hashlib.sha256(f"anarchon:{jobs}".encode()).digest()
         self._lock_key = int.from_bytes(digest[:8], "big", signed=True)
         self._ready = False
@@ -268,7 +295,8 @@ class PostgresStore(Store):
 
     def _create_schema(self, conn: psycopg.Connection[Any]) -> None:
         with self._ready_lock:
-            if self._ready or conn.execute(self._has_trigger).fetchone():
+            # An older version's function (an existing database) is replaced.
+            if self._ready or conn.execute(self._is_current).fetchone():
                 self._ready = True
                 return
             with conn.transaction():
@@ -334,6 +362,9 @@ class PostgresStore(Store):
 
     def renew(self, job: str, token: int, lease: float) -> bool:
         return self._change("renew", job=job, token=token, lease=lease)
+
+    def dispatch(self, job: str, token: int, pickup: float) -> bool:
+        return self._change("dispatch", job=job, token=token, lease=pickup)
 
     def _end(self, job: str, token: int, state: RunState) -> bool:
         return self._change("end", job=job, token=token, state=state.value)

@@ -21,8 +21,8 @@ atomic on its own. A won claim reports attempt 1, ``token == slot_ms`` (so
 tokens still rise with every claim of a job) and ``lease_remaining`` 0; a lost
 one reports TAKEN with no holder (the broker does not say who won).
 
-**There is no lease.** ``renew``, ``finish`` and ``release`` do nothing and
-return True, ``takeover`` is always TAKEN, and ``states``, ``history`` and
+**There is no lease.** ``renew``, ``dispatch``, ``finish`` and ``release`` do
+nothing and return True, ``takeover`` is always TAKEN, and ``states``, ``history`` and
 ``jobs`` are empty: nothing is recorded but the queues. The engine knows this
 (``supports_lease = False``). The failure scenarios of ``docs/failure-scenarios.md``
 on RabbitMQ:

@@ -15,9 +15,13 @@ a list of JSON attempts, newest first, capped at 50. Each script touches
 only these two keys, one hash slot, so the layout works on Redis Cluster.
 ``anarchon:{ns}:jobs`` is a set of job names for :meth:`RedisStore.jobs`.
 
-Steps. ``claim``, ``takeover``, ``renew``, ``finish``/``release`` each run
-one script (EVALSHA; on ``NOSCRIPT`` after ``SCRIPT FLUSH`` or a server
-restart the script is loaded again and re-sent). A script reads ``TIME``
+Steps. ``claim``, ``takeover``, ``renew``, ``dispatch``, ``finish``/``release``
+each run one script (EVALSHA; on ``NOSCRIPT`` after ``SCRIPT FLUSH`` or a
+server restart the script is loaded again and re-sent). ``renew`` and
+``dispatch`` set the state (``running``, ``dispatched``) and lease of the
+token's holder, running or dispatched; ``finish``/``release`` end it, and
+answer yes unchanged when the record already carries the token with that end
+(an end re-sent after its reply was lost). A script reads ``TIME``
 first and judges and writes leases by it; Redis 7 and Valkey replicate a
 script's effects, not the script, so that is allowed before writes. The
 history list is pushed, closed and trimmed by the same scripts. ``claim_many``
@@ -42,6 +46,7 @@ Caveats:
 - A step whose reply is lost (connection cut mid-call) raises
   :class:`StoreUnavailable` and is not re-sent by the driver: a re-sent claim
   would tell its own winner "taken". The run then waits for the lease to lapse.
+  (The caller may re-send an end itself: ends are idempotent.)
 - Records are kept until deleted by hand (a few hundred bytes per job).
 """
 
@@ -92,16 +97,19 @@ local function reply(status, rec, now)
   if not rec then return {status} end
   return {status, rec.slot, rec.owner, rec.attempt, rec.token, rec.state, rec.expires - now}
 end
--- The newest attempt is the record's own: close it if it is still open.
-local function end_run(runs, token, state, now)
+local function held(state) return state == 'running' or state == 'dispatched' end
+-- The newest attempt is the record's own: if it is still open, set its state,
+-- and close it at ``ended`` unless that is nil (running <-> dispatched).
+local function mark_run(runs, token, state, ended)
   local head = redis.call('LINDEX', runs, 0)
   if not head then return end
   local run = cjson.decode(head)
   if run.token == token and run.ended == nil then
-    run.state, run.ended = state, now
+    run.state, run.ended = state, ended
     redis.call('LSET', runs, 0, cjson.encode(run))
   end
 end
+local function end_run(runs, token, state, now) mark_run(runs, token, state, now) end
 local function start(rec, now)
   rec.state = 'running'
   redis.call('HSET', KEYS[1], 'slot', rec.slot, 'owner', rec.owner, 'attempt', rec.attempt,
@@ -120,7 +128,7 @@ local slot, token = tonumber(ARGV[1]), 1
 if rec then
   if rec.slot == slot then return reply('taken', rec, now) end
   if rec.slot > slot then return reply('stale', rec, now) end
-  if rec.state == 'running' then
+  if held(rec.state) then
     if rec.expires > now then return reply('busy', rec, now) end
     end_run(KEYS[2], rec.token, 'abandoned', now)
   end
@@ -142,15 +150,21 @@ return start({slot = rec.slot, owner = ARGV[2], attempt = rec.attempt + 1,
               token = rec.token + 1, expires = now + tonumber(ARGV[3])}, now)
 """
 
-# KEYS: rec, runs. ARGV: token, new state, lease_ms. Only the running holder of the
-# token gets through. 'running' renews; done/failed/released end the run and its lease.
+# KEYS: rec, runs. ARGV: token, new state, lease_ms. Only the holder of the token,
+# running or dispatched, gets through. 'running' renews (and picks a dispatched
+# run up), 'dispatched' hands off, both for lease_ms; done/failed/released end the
+# run and its lease, and an end the record already has is answered 1 unchanged.
 _HELD = """
-if not rec or rec.token ~= tonumber(ARGV[1]) or rec.state ~= 'running' then return 0 end
-if ARGV[2] == 'running' then
-  redis.call('HSET', KEYS[1], 'expires', now + tonumber(ARGV[3]))
+local state = ARGV[2]
+if not rec or rec.token ~= tonumber(ARGV[1]) then return 0 end
+if rec.state == state and not held(state) then return 1 end
+if not held(rec.state) then return 0 end
+if held(state) then
+  redis.call('HSET', KEYS[1], 'state', state, 'expires', now + tonumber(ARGV[3]))
+  if rec.state ~= state then mark_run(KEYS[2], rec.token, state, nil) end
 else
-  redis.call('HSET', KEYS[1], 'state', ARGV[2], 'expires', now)
-  end_run(KEYS[2], rec.token, ARGV[2], now)
+  redis.call('HSET', KEYS[1], 'state', state, 'expires', now)
+  end_run(KEYS[2], rec.token, state, now)
 end
 return 1
 """
@@ -280,6 +294,9 @@ class RedisStore(Store):
 
     def renew(self, job: str, token: int, lease: float) -> bool:
         return self._held(job, token, RunState.RUNNING, lease)
+
+    def dispatch(self, job: str, token: int, pickup: float) -> bool:
+        return self._held(job, token, RunState.DISPATCHED, pickup)
 
     def _end(self, job: str, token: int, state: RunState) -> bool:
         return self._held(job, token, state)

@@ -127,6 +127,9 @@ class SQLDialectStore(Store):
     def renew(self, job: str, token: int, lease: float) -> bool:
         return self._change(_sql.RENEW, job=job, token=token, lease=lease)
 
+    def dispatch(self, job: str, token: int, pickup: float) -> bool:
+        return self._change(_sql.DISPATCH, job=job, token=token, lease=pickup)
+
     def _end(self, job: str, token: int, state: RunState) -> bool:
         return self._change(_sql.END, job=job, token=token, state=state.value)
 

@@ -66,7 +66,7 @@ def test_renew_and_finish_need_the_current_token(lease_store: Store) -> None:
     assert not store.renew("job", holder.token + 1, 20)
     assert not store.finish("job", holder.token - 1, RunState.DONE)
     assert store.finish("job", holder.token, RunState.DONE)
-    assert not store.finish("job", holder.token, RunState.DONE)
+    assert not store.finish("job", holder.token, RunState.FAILED)
     assert not store.renew("job", holder.token, 10)
     state = store.state("job")
     assert state is not None and state.state is RunState.DONE
@@ -136,6 +136,172 @@ def test_failed_runs_are_recorded(lease_store: Store) -> None:
     assert store.history("job")[0].state is RunState.FAILED
     with pytest.raises(ValueError, match="done or failed"):
         store.finish("job", holder.token, RunState.RELEASED)
+
+
+#: A pickup lease: short, since the tests wait for it to lapse.
+PICKUP = 0.5
+
+
+def _lapse() -> None:
+    """Wait out a :data:`PICKUP` lease (and any lease as short)."""
+    time.sleep(PICKUP + 0.15)
+
+
+def test_dispatch_needs_the_current_token_and_a_held_state(lease_store: Store) -> None:
+    store = lease_store
+    holder = store.claim("job", SLOT, "a", 10).holder
+    assert holder is not None
+    assert not store.dispatch("job", holder.token + 1, PICKUP)
+    assert not store.dispatch("job", holder.token - 1, PICKUP)
+    assert not store.dispatch("other", holder.token, PICKUP)
+    assert store.dispatch("job", holder.token, PICKUP)
+    state = store.state("job")
+    assert state is not None and state.state is RunState.DISPATCHED
+    assert 0 < state.lease_remaining <= PICKUP  # the pickup lease, not the job's
+    assert state.held and not state.unpicked and not state.lapsed
+    assert store.dispatch("job", holder.token, PICKUP)  # a retried message: again
+    assert store.takeover("job", SLOT, "b", 10, holder.token).status is ClaimStatus.TAKEN
+    _lapse()
+    state = store.state("job")
+    assert state is not None and state.state is RunState.DISPATCHED
+    assert state.lease_remaining <= 0
+    assert state.unpicked and not state.held and not state.lapsed
+    # Never taken over: the work may run where nothing renews it.
+    lost = store.takeover("job", SLOT, "b", 10, holder.token)
+    assert lost.status is ClaimStatus.TAKEN
+    assert lost.holder is not None and lost.holder.token == holder.token
+    assert lost.holder.state is RunState.DISPATCHED
+    # Nothing to dispatch once the run ended.
+    ended = store.claim("ended", SLOT, "a", 10).holder
+    assert ended is not None
+    assert store.finish("ended", ended.token, RunState.DONE)
+    assert not store.dispatch("ended", ended.token, PICKUP)
+    released = store.claim("released", SLOT, "a", 10).holder
+    assert released is not None
+    assert store.release("released", released.token)
+    assert not store.dispatch("released", released.token, PICKUP)
+    state = store.state("released")
+    assert state is not None and state.state is RunState.RELEASED
+
+
+def test_renewing_a_dispatched_run_picks_it_up(lease_store: Store) -> None:
+    store = lease_store
+    holder = store.claim("job", SLOT, "a", 10).holder
+    assert holder is not None
+    assert store.dispatch("job", holder.token, 10)
+    assert not store.renew("job", holder.token + 1, PICKUP)
+    assert store.renew("job", holder.token, PICKUP)  # the executor's first renewal
+    state = store.state("job")
+    assert state is not None and state.state is RunState.RUNNING
+    assert 0 < state.lease_remaining <= PICKUP  # the job lease now
+    assert state.held and not state.unpicked
+    assert store.takeover("job", SLOT, "b", 10, holder.token).status is ClaimStatus.TAKEN
+    _lapse()
+    state = store.state("job")
+    assert state is not None and state.lapsed
+    claim = store.takeover("job", SLOT, "b", 10, holder.token)
+    assert claim.won
+    assert claim.holder is not None and claim.holder.token == holder.token + 1
+    assert [(r.attempt, r.state) for r in store.history("job")] == [
+        (2, RunState.RUNNING),
+        (1, RunState.LOST),
+    ]
+
+
+def test_a_newer_slot_is_busy_while_dispatched_then_supersedes_it(lease_store: Store) -> None:
+    store = lease_store
+    holder = store.claim("job", SLOT, "a", 10).holder
+    assert holder is not None
+    assert store.dispatch("job", holder.token, PICKUP)
+    busy = store.claim("job", NEXT, "b", 10)
+    assert busy.status is ClaimStatus.BUSY
+    assert busy.holder is not None and busy.holder.state is RunState.DISPATCHED
+    _lapse()
+    won = store.claim("job", NEXT, "b", 10)
+    assert won.status is ClaimStatus.WON
+    assert won.holder is not None and won.holder.token > holder.token
+    assert won.holder.attempt == 1 and won.holder.state is RunState.RUNNING
+    history = store.history("job")
+    assert [(r.slot_ms, r.state) for r in history] == [
+        (NEXT, RunState.RUNNING),
+        (SLOT, RunState.ABANDONED),
+    ]
+    assert history[1].ended_at is not None
+    # The superseded run's token is stale for every step.
+    assert not store.renew("job", holder.token, 10)
+    assert not store.dispatch("job", holder.token, 10)
+    assert not store.finish("job", holder.token, RunState.DONE)
+
+
+def test_finish_and_release_are_idempotent(lease_store: Store) -> None:
+    store = lease_store
+    done = store.claim("done", SLOT, "a", 10).holder
+    assert done is not None
+    assert store.finish("done", done.token, RunState.DONE)
+    before, history = store.state("done"), store.history("done")
+    time.sleep(0.05)
+    assert store.finish("done", done.token, RunState.DONE)  # its reply was lost: re-sent
+    after = store.state("done")
+    assert before is not None and after is not None and after.state is RunState.DONE
+    assert after.lease_remaining <= before.lease_remaining  # the end was not moved
+    assert store.history("done") == history
+    assert not store.finish("done", done.token, RunState.FAILED)
+    assert not store.release("done", done.token)
+    assert not store.finish("done", done.token + 1, RunState.DONE)
+    assert not store.finish("done", done.token - 1, RunState.DONE)
+
+    released = store.claim("released", SLOT, "a", 10).holder
+    assert released is not None
+    assert store.release("released", released.token)
+    history = store.history("released")
+    assert store.release("released", released.token)
+    assert store.history("released") == history
+    assert not store.finish("released", released.token, RunState.DONE)
+    assert not store.finish("released", released.token, RunState.FAILED)
+    assert store.takeover("released", SLOT, "b", 10, released.token).won
+    assert not store.release("released", released.token)  # stale once taken over
+
+    failed = store.claim("failed", SLOT, "a", 10).holder
+    assert failed is not None
+    assert store.dispatch("failed", failed.token, 10)
+    assert store.finish("failed", failed.token, RunState.FAILED)  # ended while dispatched
+    assert store.finish("failed", failed.token, RunState.FAILED)
+    assert not store.finish("failed", failed.token, RunState.DONE)
+    assert not store.dispatch("failed", failed.token, 10)
+    assert not store.renew("failed", failed.token, 10)
+    assert [r.state for r in store.history("failed")] == [RunState.FAILED]
+
+
+def test_history_keeps_a_dispatched_run_open_until_it_ends(lease_store: Store) -> None:
+    store = lease_store
+    holder = store.claim("job", SLOT, "a", 10).holder
+    assert holder is not None
+
+    def latest() -> tuple[int, RunState, bool]:
+        run = store.history("job")[0]
+        return run.token, run.state, run.ended_at is None
+
+    assert store.dispatch("job", holder.token, 10)
+    assert latest() == (holder.token, RunState.DISPATCHED, True)
+    assert store.renew("job", holder.token, 10)
+    assert latest() == (holder.token, RunState.RUNNING, True)
+    assert store.renew("job", holder.token, 10)
+    assert latest() == (holder.token, RunState.RUNNING, True)
+    assert store.dispatch("job", holder.token, 10)  # a retried message, sent again
+    assert latest() == (holder.token, RunState.DISPATCHED, True)
+    assert store.renew("job", holder.token, 10)
+    assert store.finish("job", holder.token, RunState.DONE)
+    assert latest() == (holder.token, RunState.DONE, False)
+    assert len(store.history("job")) == 1
+
+
+def test_claim_only_stores_accept_a_dispatch(store: Store) -> None:
+    holder = store.claim("job", SLOT, "a", 10).holder
+    assert holder is not None
+    assert store.dispatch("job", holder.token, PICKUP)
+    if not store.supports_lease:
+        assert store.finish("job", holder.token, RunState.DONE)
+        assert store.finish("job", holder.token, RunState.DONE)
 
 
 def test_claim_many_answers_in_order(store: Store) -> None:

@@ -398,7 +398,7 @@ def test_a_handed_off_run_is_left_to_its_executor() -> None:
     cluster.run(61)
     token = dispatched[0][2]
     state = cluster.store.state("job")
-    assert state is not None and state.state is RunState.RUNNING
+    assert state is not None and state.state is RunState.DISPATCHED
     assert 18 < state.lease_remaining <= 20  # the hand-off lease, and nobody renews it
     assert len(cluster.kinds("dispatched")) == 1
     # 1. The executor finishes it with the token: nothing else happens.

@@ -7,6 +7,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from anarchon_core import EventKind, Job, JobOptions, Run, RunState, make_schedule
+from anarchon_core.jobs import LEASE_MARGIN
 from anarchon_core.roles import Backup, Completion, JobRuntime, Runner, Verdict
 from anarchon_core.slots import Slot
 from anarchon_core.store import JobState
@@ -27,15 +28,18 @@ def runtime(**options: float) -> JobRuntime:
     return JobRuntime(Job("job", lambda: None, schedule, JobOptions(**options)))
 
 
-def run_of(slot: Slot = SLOT, token: int = 1) -> Run:
-    return Run.of(slot, attempt=1, token=token, instance="me")
+class Mono:
+    """A monotonic clock a test sets by hand."""
+
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
 
 
-def handed_off(lease: float, now_mono: float) -> Backup:
-    """The backup of this instance's own run, handed off with ``lease`` at ``now_mono``."""
-    runner = Runner.start(SLOT, run_of(), now_mono=now_mono, options=OPTIONS)
-    runner.run.hand_off(lease)
-    return Backup.of_hand_off(runner, now_mono, OPTIONS)
+def run_of(slot: Slot = SLOT, token: int = 1, clock: Mono | None = None) -> Run:
+    return Run.of(slot, attempt=1, token=token, instance="me", monotonic=clock or Mono())
 
 
 def test_a_backup_watches_a_live_lease_and_takes_over_a_lapsed_or_released_one() -> None:
@@ -67,41 +71,61 @@ def test_a_backup_drops_a_run_that_ended_or_a_record_that_moved_on(seen: JobStat
     assert backup.verdict(seen, 101, OPTIONS) is Verdict.DROP
 
 
-def test_a_hand_off_never_picked_up_is_missed_and_a_picked_up_one_taken_over() -> None:
-    never = handed_off(20, now_mono=100)
-    assert never.handed_off and not never.picked_up
-    assert never.verdict(record(lease=0), 121, OPTIONS) is Verdict.MISSED
-    picked = handed_off(20, now_mono=100)
-    assert picked.verdict(record(lease=3), 102, OPTIONS) is Verdict.WATCH  # renewed by executor
-    assert picked.picked_up
-    assert picked.verdict(record(lease=0), 106, OPTIONS) is Verdict.TAKE_OVER
+@pytest.mark.parametrize("lease", [0.5, 3, 20, 300])
+def test_a_dispatched_run_is_read_from_the_record_whatever_the_lease_lengths(
+    lease: float,
+) -> None:
+    """Every instance decides alike from the record's state: no inference from its lease."""
+    backup = Backup.of(SLOT, record(state=RunState.DISPATCHED, lease=lease), 100, OPTIONS)
+    assert backup.next_check == 100.5
+    assert backup.verdict(record(state=RunState.DISPATCHED, lease=lease), 101, OPTIONS) is (
+        Verdict.WATCH
+    )
+    assert backup.verdict(record(state=RunState.DISPATCHED, lease=0), 101, OPTIONS) is (
+        Verdict.MISSED
+    )
+    # Picked up (running again) and then silent: taken over like any lapsed run.
+    assert backup.verdict(record(state=RunState.RUNNING, lease=lease), 102, OPTIONS) is (
+        Verdict.WATCH
+    )
+    assert backup.verdict(record(state=RunState.RUNNING, lease=0), 102, OPTIONS) is (
+        Verdict.TAKE_OVER
+    )
 
 
-def test_a_hand_off_no_longer_than_the_lease_and_its_margin_is_not_one() -> None:
-    assert not handed_off(4, now_mono=0).handed_off
+def test_a_backup_started_after_a_pickup_lease_lapsed_sees_it_missed_at_once() -> None:
+    backup = Backup.of(SLOT, record(state=RunState.DISPATCHED, lease=-5), 100, OPTIONS)
+    assert backup.next_check == 100
+    assert backup.verdict(record(state=RunState.DISPATCHED, lease=-5), 100, OPTIONS) is (
+        Verdict.MISSED
+    )
 
 
-def test_a_new_token_starts_the_observations_afresh() -> None:
-    backup = handed_off(20, now_mono=100)
-    assert backup.verdict(record(token=2, lease=3), 101, OPTIONS) is Verdict.WATCH
-    assert (backup.token, backup.handed_off, backup.furthest) == (2, False, 104)
-
-
-def test_a_runner_renews_on_time_and_gives_up_after_a_lease_without_renewal() -> None:
-    runner = Runner.start(SLOT, run_of(), now_mono=10, options=OPTIONS)
+def test_a_runner_holds_its_run_until_the_lease_less_the_margin_from_when_it_was_sent() -> None:
+    clock = Mono(10)
+    runner = Runner.start(SLOT, run_of(clock=clock), 10, OPTIONS)
     assert not runner.renewal_due(10.9)
     assert runner.renewal_due(11)
-    runner.renewed(11, OPTIONS)
+    deadline = 10 + 3 * (1 - LEASE_MARGIN)
+    clock.now = deadline - 0.001
+    assert not runner.run.lost
+    assert runner.renewed(11, OPTIONS)  # sent at 11: held until 11 + 3 x (1 - margin)
     assert runner.next_renew == 12
-    assert not runner.out_of_lease(13.9, OPTIONS)
-    assert runner.out_of_lease(14, OPTIONS)
+    clock.now = 11 + 3 * (1 - LEASE_MARGIN) - 0.001
+    assert not runner.run.lost
+    clock.now += 0.001
+    assert runner.run.lost  # with no call made: the deadline alone
+    assert "ran out" in runner.run.lost_reason
+    # A renewal accepted after the deadline does not revive it.
+    assert not runner.renewed(clock.now, OPTIONS)
+    assert runner.run.lost
 
 
 def test_a_job_backs_up_runs_that_go_on_and_are_not_its_own() -> None:
     rt = runtime()
     assert rt.backs_up(record(token=1))
     assert not rt.backs_up(record(state=RunState.DONE))
-    rt.runner = Runner.start(SLOT, run_of(token=1), now_mono=0, options=rt.options)
+    rt.runner = Runner.start(SLOT, run_of(token=1), 0, rt.options)
     assert not rt.backs_up(record(token=1))  # its own run, whatever the owner's name
     assert rt.backs_up(record(token=2))
 
@@ -132,16 +156,17 @@ def test_a_job_places_its_claim_within_its_jitter_and_lists_what_is_due() -> Non
     rt.place(0.5)
     assert rt.claim_at == AT.timestamp() + 0.5
     assert list(rt.deadlines(AT.timestamp(), 0)) == [0.5]
-    rt.runner = Runner.start(SLOT, run_of(), now_mono=0, options=rt.options)
+    rt.runner = Runner.start(SLOT, run_of(), 0, rt.options)
     rt.backup = Backup.of(SLOT, record(token=9), now_mono=0, options=rt.options)
     assert list(rt.deadlines(AT.timestamp(), 0)) == [0.5, 0.5, 10 / 3]
 
 
 def test_a_completion_is_reported_by_how_the_run_ended() -> None:
     rt = runtime()
-    runner = Runner.start(SLOT, run_of(), now_mono=0, options=rt.options)
+    runner = Runner.start(SLOT, run_of(), 0, rt.options)
     assert Completion(rt, runner, RunState.DONE).kind is EventKind.FINISHED
     assert Completion(rt, runner, RunState.FAILED).kind is EventKind.FAILED
+    assert Completion(rt, runner, RunState.FAILED, True).kind is EventKind.DISPATCH_FAILED
     runner.run.hand_off(20)
     assert runner.run.handed_off_lease == 20
     assert Completion(rt, runner, RunState.DONE).handed_off
