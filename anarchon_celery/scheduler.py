@@ -23,8 +23,9 @@ from typing import Any
 from celery import Celery, signals
 from celery import beat as celery_beat
 from celery.beat import ScheduleEntry
+from kombu.exceptions import OperationalError
 
-from anarchon_core import AnarchonError, ConfigurationError, Run
+from anarchon_core import AnarchonError, ConfigurationError, DispatchFailed, Run
 from anarchon_core import Scheduler as Engine
 from anarchon_core.handoff import DEFAULT_PICKUP, HandOff
 from anarchon_core.scheduler import MAX_SLEEP
@@ -303,7 +304,10 @@ class Scheduler(celery_beat.Scheduler):  # type: ignore[misc]
         """Send ``job``'s task for ``run`` through beat's ``apply_entry``.
 
         The task id and the ``anarchon`` header name the slot and the attempt. A
-        send that fails (beat's ``apply_entry`` only logs it) fails the slot.
+        send that fails (beat's ``apply_entry`` only logs it) fails the slot,
+        except when the broker could not be reached: then nothing was sent, and
+        :class:`~anarchon_core.DispatchFailed` lets another attempt send it
+        within the catch-up window (from whichever beat reaches the broker).
         """
         spec = job.spec
         options = dict(spec.options)
@@ -326,7 +330,10 @@ class Scheduler(celery_beat.Scheduler):  # type: ignore[misc]
             )
         )
         entry.last_run_at, entry.total_run_count = sent_at, sent.total_run_count
-        producer = self.producer  # connects on the first send: a failure fails the slot
+        try:
+            producer = self.producer  # connects on the first send
+        except self._broker_errors() as exc:
+            raise DispatchFailed(f"the broker is unreachable: {exc}") from exc
         if ticket.tracked:
             # The worker that runs the task renews and finishes the slot from now on.
             run.hand_off(ticket.pickup)
@@ -335,8 +342,14 @@ class Scheduler(celery_beat.Scheduler):  # type: ignore[misc]
             self.apply_entry(sent, producer=producer)
         finally:
             self._sending = None
+        if isinstance(sending.error, self._broker_errors()):
+            raise DispatchFailed(f"the broker is unreachable: {sending.error}") from sending.error
         if sending.error is not None:
             raise sending.error
+
+    def _broker_errors(self) -> tuple[type[BaseException], ...]:
+        """The errors that mean the broker could not be reached (nothing was sent)."""
+        return (OperationalError, OSError, *self.connection.connection_errors)
 
     def apply_async(
         self, entry: ScheduleEntry, producer: Any = None, advance: bool = True, **kwargs: Any

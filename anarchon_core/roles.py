@@ -198,6 +198,9 @@ class Completion:
     dispatch_failed: bool = False
     #: The handler stopped on losing its run (it raised LeaseLost): not a failure.
     interrupted: bool = False
+    #: When the handler ended (wall-clock seconds): a dispatch that failed within
+    #: the catch-up window is released, however late the store hears of it.
+    ended_at: float = 0.0
 
     @property
     def handed_off(self) -> bool:

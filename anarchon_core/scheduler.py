@@ -19,8 +19,8 @@ Per job, an instance is in at most one of three roles for a slot:
 The roles and their decisions live in :mod:`anarchon_core.roles`, which makes
 no store call; the scheduler asks the store and acts on what they decide. One
 step goes through its phases in order: finish the runs whose handler
-returned, renew leases, place new jobs on their schedule, claim the slots
-due, check the backed-up leases, and finish once more.
+returned, renew leases, place new jobs on their schedule, check the
+backed-up leases, claim the slots due, and finish once more.
 """
 
 from __future__ import annotations
@@ -352,8 +352,10 @@ class Scheduler:
             self._finish_completed()
             self._renew(now_mono)
             self._initialise()
-            self._claim_due()
+            # Backups before claims: a job's older slot, handed over or lapsed, is
+            # taken over before its next slot's claim could supersede it.
             self._check_backups(now_mono)
+            self._claim_due()
             # And once more last: handlers begun in this step (inline ones always)
             # may have returned already. Their slot is then finished or handed off
             # within this step, before the engine sleeps.
@@ -445,7 +447,7 @@ class Scheduler:
             # instance, so that a backup runs the slot at once; else already taken over.
             return (not self.store.supports_lease or self.store.release(run.job, run.token)), True
         if done.dispatch_failed and self.store.supports_lease:
-            lateness = self._clock.time() - done.runner.slot.time.timestamp()
+            lateness = done.ended_at - done.runner.slot.time.timestamp()
             if not rt.too_late(done.runner.slot, lateness):
                 # Not run, so not failed: released, whoever can reach the broker sends it.
                 return self.store.release(run.job, run.token), True
@@ -504,7 +506,7 @@ class Scheduler:
             self._place(rt)
 
     def _claim_due(self) -> None:
-        """Phase 4: claim every slot due, in one batch."""
+        """Phase 5: claim every slot due, in one batch."""
         now = self._clock.time()
         due: list[tuple[JobRuntime, Slot]] = []
         for rt in self._snapshot():
@@ -568,8 +570,18 @@ class Scheduler:
         rt.place(offset)
 
     def _check_backups(self, now_mono: float) -> None:
-        """Phase 5: check the leases of the slots this instance backs up."""
-        checked = [rt for rt in self._snapshot() if rt.backup and rt.backup.next_check <= now_mono]
+        """Phase 4: check the leases of the slots this instance backs up.
+
+        Those due for a check, and those of jobs whose next slot is about to be
+        claimed (a released older slot must not be superseded unseen).
+        """
+        now = self._clock.time()
+        checked = [
+            rt
+            for rt in self._snapshot()
+            if rt.backup
+            and (rt.backup.next_check <= now_mono or (rt.next_slot and rt.claim_at <= now))
+        ]
         if not checked:
             return
         states = self.store.states(rt.job.name for rt in checked)
@@ -590,7 +602,25 @@ class Scheduler:
                 )
             elif verdict is Verdict.TAKE_OVER:
                 assert record is not None
-                self._take_over(rt, record)
+                if self._superseded(rt, backup.slot, now):
+                    rt.backup = None  # the claim of the job's next slot, due now, wins
+                else:
+                    self._take_over(rt, record)
+
+    @staticmethod
+    def _superseded(rt: JobRuntime, slot: Slot, now: float) -> bool:
+        """Whether ``slot``, lapsed, gives way to the job's next slot, whose claim is due.
+
+        An older slot still within its catch-up window is taken over first (the
+        next slot then waits for it, as an overlap); one past it gives way.
+        """
+        upcoming = rt.next_slot
+        return (
+            upcoming is not None
+            and upcoming.ms > slot.ms
+            and rt.claim_at <= now
+            and rt.too_late(slot, now - slot.time.timestamp())
+        )
 
     def _take_over(self, rt: JobRuntime, record: JobState) -> None:
         job = rt.job
@@ -679,7 +709,8 @@ class Scheduler:
             log.exception(
                 "anarchon: job %s failed (%s attempt %d)", run.job, run.slot_id, run.attempt
             )
-        self._done.put(Completion(rt, runner, outcome, dispatch_failed, interrupted))
+        ended_at = self._clock.time()
+        self._done.put(Completion(rt, runner, outcome, dispatch_failed, interrupted, ended_at))
         self._wake.set()
 
     # -- time and state -------------------------------------------------

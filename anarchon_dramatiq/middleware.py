@@ -29,10 +29,11 @@ import socket
 import threading
 from typing import Any
 
+import dramatiq.errors
 from dramatiq import Actor, Broker, Middleware, Worker
 from dramatiq.middleware import Retries, SkipMessage
 
-from anarchon_core import AnarchonError, JobOptions, Run, RunState
+from anarchon_core import AnarchonError, DispatchFailed, JobOptions, Run, RunState
 from anarchon_core import Scheduler as Engine
 from anarchon_core.durations import Duration, parse_duration
 from anarchon_core.handoff import (
@@ -53,6 +54,22 @@ log = logging.getLogger(__name__)
 
 #: The message option carrying the hand-off ticket.
 OPTION = "anarchon"
+
+
+def _broker_errors() -> tuple[type[BaseException], ...]:
+    """The errors of an enqueue that could not reach the broker (nothing was sent)."""
+    errors: list[type[BaseException]] = [dramatiq.errors.ConnectionError, OSError]
+    try:  # RedisBroker lets the driver's connection errors through
+        import redis.exceptions
+
+        errors += [redis.exceptions.ConnectionError, redis.exceptions.TimeoutError]
+    except ImportError:  # pragma: no cover - a RabbitMQ-only install
+        pass
+    return tuple(errors)
+
+
+#: What :meth:`Anarchon.send` reports as a dispatch failure.
+BROKER_ERRORS = _broker_errors()
 
 
 class Anarchon(Middleware):
@@ -146,7 +163,12 @@ class Anarchon(Middleware):
         return dispatch
 
     def send(self, broker: Broker, engine: Engine, name: str, run: Run) -> None:
-        """Send the actor's message for ``run``: its ``anarchon`` option names slot and attempt."""
+        """Send the actor's message for ``run``: its ``anarchon`` option names slot and attempt.
+
+        A broker that cannot be reached raises :class:`~anarchon_core.DispatchFailed`:
+        the slot is not failed but sent again by another attempt within its
+        catch-up window.
+        """
         ticket = HandOff.for_run(
             engine, run, pickup=self.pickup, tracked=engine.store.supports_lease
         )
@@ -156,7 +178,11 @@ class Anarchon(Middleware):
         if ticket.tracked:
             # The worker that processes the message renews and finishes the slot from now on.
             run.hand_off(ticket.pickup)
-        broker.enqueue(message)
+        try:
+            broker.enqueue(message)
+        except BROKER_ERRORS as exc:
+            # Nothing was sent: another attempt sends it within the catch-up window.
+            raise DispatchFailed(f"the broker is unreachable: {exc}") from exc
 
     def after_worker_boot(self, broker: Broker, worker: Worker) -> None:
         """Every actor module is imported: the process holding the pod lock runs the engine."""
