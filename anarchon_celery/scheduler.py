@@ -342,9 +342,11 @@ class Scheduler(celery_beat.Scheduler):  # type: ignore[misc]
             self.apply_entry(sent, producer=producer)
         finally:
             self._sending = None
-        if isinstance(sending.error, self._broker_errors()):
-            raise DispatchFailed(f"the broker is unreachable: {sending.error}") from sending.error
         if sending.error is not None:
+            # Beat wraps the send's error in SchedulingError: the cause says what failed.
+            cause = sending.error.__cause__ or sending.error.__context__ or sending.error
+            if isinstance(cause, self._broker_errors()):
+                raise DispatchFailed(f"the broker is unreachable: {cause}") from sending.error
             raise sending.error
 
     def _broker_errors(self) -> tuple[type[BaseException], ...]:

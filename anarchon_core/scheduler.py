@@ -602,25 +602,7 @@ class Scheduler:
                 )
             elif verdict is Verdict.TAKE_OVER:
                 assert record is not None
-                if self._superseded(rt, backup.slot, now):
-                    rt.backup = None  # the claim of the job's next slot, due now, wins
-                else:
-                    self._take_over(rt, record)
-
-    @staticmethod
-    def _superseded(rt: JobRuntime, slot: Slot, now: float) -> bool:
-        """Whether ``slot``, lapsed, gives way to the job's next slot, whose claim is due.
-
-        An older slot still within its catch-up window is taken over first (the
-        next slot then waits for it, as an overlap); one past it gives way.
-        """
-        upcoming = rt.next_slot
-        return (
-            upcoming is not None
-            and upcoming.ms > slot.ms
-            and rt.claim_at <= now
-            and rt.too_late(slot, now - slot.time.timestamp())
-        )
+                self._take_over(rt, record)
 
     def _take_over(self, rt: JobRuntime, record: JobState) -> None:
         job = rt.job

@@ -58,7 +58,10 @@ OPTION = "anarchon"
 
 def _broker_errors() -> tuple[type[BaseException], ...]:
     """The errors of an enqueue that could not reach the broker (nothing was sent)."""
-    errors: list[type[BaseException]] = [dramatiq.errors.ConnectionError, OSError]
+    # Dramatiq 1.18 renamed ConnectionError (the old name warns when read).
+    names = vars(dramatiq.errors)
+    base = names.get("BrokerConnectionError") or names["ConnectionError"]
+    errors: list[type[BaseException]] = [base, OSError]
     try:  # RedisBroker lets the driver's connection errors through
         import redis.exceptions
 

@@ -179,20 +179,23 @@ class ServerError(Exception):
 
 
 class DriftClock:
-    """A clock running at ``rate`` times the base clock, with a wall-clock ``offset``."""
+    """A monotonic clock running at ``rate`` times the base clock; a wall clock ``offset`` off.
+
+    The wall clock keeps its offset (NTP disciplines it); the monotonic clock,
+    which leases are measured with, drifts.
+    """
 
     def __init__(self, base: FakeClock, rate: float, offset: float) -> None:
         self._base = base
         self.rate = rate
         self.offset = offset
         self._mono0 = base.monotonic()
-        self._wall0 = base.time()
 
     def _elapsed(self) -> float:
         return (self._base.monotonic() - self._mono0) * self.rate
 
     def time(self) -> float:
-        return self._wall0 + self._elapsed() + self.offset
+        return self._base.time() + self.offset
 
     def monotonic(self) -> float:
         return 1000.0 + self._elapsed()

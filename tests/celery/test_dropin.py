@@ -47,7 +47,7 @@ class Recording(Scheduler):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.applied: list[tuple[str, ScheduleEntry]] = []
         self.published: list[tuple[str, Any, Any, dict[str, Any]]] = []
-        self.fail_sends = False
+        self.fail_sends: Exception | None = None
         super().__init__(*args, **kwargs)
 
     def apply_entry(self, entry: ScheduleEntry, producer: Any = None) -> None:
@@ -56,8 +56,8 @@ class Recording(Scheduler):
         super().apply_entry(entry, producer=producer)
 
     def send_task(self, name: str, args: Any = None, kwargs: Any = None, **options: Any) -> None:
-        if self.fail_sends:
-            raise ConnectionError("the broker is gone")
+        if self.fail_sends is not None:
+            raise self.fail_sends
         self.published.append((name, args, kwargs, options))
 
 
@@ -169,15 +169,39 @@ def test_a_send_that_fails_inside_apply_entry_still_fails_the_slot(
     app = make_app(tmp_path, every_second())
     scheduler = Recording(app)
     closing.append(scheduler)
-    scheduler.fail_sends = True
+    scheduler.fail_sends = TypeError("Object of type set is not JSON serializable")
     store = open_store(app.conf.anarchon_store, namespace="dropin")
     try:
         drive([scheduler], lambda: len(scheduler.applied) >= 2, timeout=6)
-        finished = [r.state for r in store.history("e") if r.state is not RunState.RUNNING]
+        finished = [r.state for r in store.history("e") if r.ended_at is not None]
     finally:
         store.close()
     assert finished, "no slot finished"
     assert set(finished) == {RunState.FAILED}
+
+
+def test_a_send_the_broker_refused_is_released_and_sent_again(
+    tmp_path: Path, closing: list[Scheduler]
+) -> None:
+    """An unreachable broker fails no slot: it is released and sent as the next attempt."""
+    app = make_app(tmp_path, every_second())
+    scheduler = Recording(app)
+    closing.append(scheduler)
+    scheduler.fail_sends = ConnectionError("the broker is gone")
+    store = open_store(app.conf.anarchon_store, namespace="dropin")
+    try:
+        drive([scheduler], lambda: len(scheduler.applied) >= 2, timeout=6)
+        scheduler.fail_sends = None  # the broker is back
+        drive([scheduler], lambda: len(scheduler.published) >= 1, timeout=6)
+        history = store.history("e")
+    finally:
+        store.close()
+    ended = {r.state for r in history if r.ended_at is not None}
+    assert RunState.FAILED not in ended and RunState.RELEASED in ended
+    sent = scheduler.published[0][3]["headers"]["anarchon"]
+    # The first send that reached the broker is a later attempt of a slot already tried.
+    tried = {f"e@{r.slot_ms}" for r in history if r.state is RunState.RELEASED}
+    assert sent["slot_id"] in tried and sent["attempt"] > 1
 
 
 def test_an_apply_entry_that_sends_by_itself_is_called_once_per_slot(

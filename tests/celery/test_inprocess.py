@@ -208,7 +208,7 @@ def test_the_worker_holds_the_lease_and_finishes_the_slot(
 
         def finished(job: str) -> bool:
             state = store.state(job)
-            return state is not None and state.state is not RunState.RUNNING
+            return state is not None and state.state not in (RunState.RUNNING, RunState.DISPATCHED)
 
         assert wait_for(lambda: finished("record") and finished("boom"), 5)
         record, boom = store.state("record"), store.state("boom")

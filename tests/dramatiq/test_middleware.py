@@ -199,6 +199,7 @@ def test_a_message_retried_by_dramatiq_keeps_its_slot(sqlite_url: str) -> None:
     middleware.after_process_message(broker, message, exception=RuntimeError("boom"))
     middleware.after_ack(broker, message)  # Retries re-enqueued it: the slot is kept
     state = store.state("sync")
-    assert state is not None and state.state is RunState.RUNNING
-    assert 55 < state.lease_remaining <= 60  # held for the retried message (pickup lease)
+    # Dispatched again for the retried message, with the pickup lease.
+    assert state is not None and state.state is RunState.DISPATCHED
+    assert 55 < state.lease_remaining <= 60
     assert store.renew("sync", holder.token, 5)  # and the retried message may take it

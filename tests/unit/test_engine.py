@@ -175,19 +175,34 @@ def test_long_handler_never_overlaps_and_skips_are_counted() -> None:
 
 
 def test_newer_slot_supersedes_a_lapsed_run_which_is_recorded_abandoned() -> None:
+    """With nobody backing the older slot up, the next slot's claim supersedes it."""
     cluster = Cluster()
-    for name in "abc":
-        # Backups look rarely here, so the next slot arrives before any takeover.
-        cluster.add(name, every(cluster, 5, 30), lease=3, jitter=0.2, watch=20)
+    cluster.add("a", every(cluster, 5, 30), lease=3, jitter=0.2)
     cluster.run(5.5)
     first = cluster.spans[0]
     cluster.kill(first.instance)
-    cluster.run(5)
+    cluster.run(5.5)  # the lease lapsed at about 8.5; slot 10 came with nobody alive
+    cluster.add("b", every(cluster, 5, 30), lease=3, jitter=0.2)
+    cluster.run(1)
     assert cluster.spans[1].slot_id == slot_id("job", _dt(START + 10))
     assert cluster.spans[1].attempt == 1
     states = {r.slot_ms: r.state for r in cluster.store.history("job")}
     assert states[int((START + 5) * 1000)] is RunState.ABANDONED
     assert len(cluster.slots("job")[first.slot_id]) == 1  # not retried
+
+
+def test_a_backup_takes_a_lapsed_older_slot_over_before_claiming_the_next() -> None:
+    """The older slot is taken over first; the next one is skipped as an overlap."""
+    cluster = Cluster()
+    for name in "abc":
+        # Backups look rarely here: the check before the next claim is what finds it.
+        cluster.add(name, every(cluster, 5, 30), lease=3, jitter=0.2, watch=20)
+    cluster.run(5.5)
+    first = cluster.spans[0]
+    cluster.kill(first.instance)
+    cluster.run(5)
+    assert [(s.slot_id, s.attempt) for s in cluster.spans[1:]] == [(first.slot_id, 2)]
+    assert cluster.kinds("overlap")[0].slot_id == slot_id("job", _dt(START + 10))
 
 
 class FlakyStore(MemoryStore):
@@ -217,9 +232,11 @@ def test_store_outage_is_survived_without_duplicates_and_the_runner_gives_up() -
     assert all(s.stats.get("store_unavailable") == 1 for s in cluster.live.values())
     assert len(cluster.spans) == 1  # nothing ran that could not be claimed
     store.down = False
-    cluster.run(10)
+    cluster.run(20)
     assert all(s.stats.get("store_recovered") == 1 for s in cluster.live.values())
     slots = cluster.slots("job")
+    # The run lost during the outage is taken over once, as attempt 2.
+    assert [s.attempt for s in slots[running.slot_id]] == [1, 2]
     assert all(len(spans) == 1 for sid, spans in slots.items() if sid != running.slot_id)
     assert len(slots) >= 3  # scheduling resumed
 
