@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from .errors import AnarchonError, ConfigurationError
+from .errors import ConfigurationError
 from .store import RunState, Store
 from .urls import open_store
 
@@ -158,7 +158,7 @@ class ExecutionLease:
                 if not self.store.renew(ticket.job, ticket.token, ticket.lease):
                     log.warning("anarchon: %s lost its lease while running", ticket.slot_id)
                     return
-            except AnarchonError as exc:
+            except Exception as exc:  # any store error: try again at the next renewal
                 log.warning("anarchon: could not renew %s: %s", ticket.slot_id, exc)
 
     def stop_renewing(self) -> None:
@@ -192,7 +192,7 @@ class ExecutionLease:
         self.stop_renewing()
         try:
             return step()
-        except AnarchonError as exc:
+        except Exception as exc:  # any store error, not only "unavailable"
             log.warning(failure, self.ticket.slot_id, exc)
             return None
 
@@ -215,7 +215,7 @@ def take(url: str, ticket: HandOff) -> ExecutionLease:
     try:
         lease = ExecutionLease(store_for(url, ticket.namespace), ticket)
         current = lease.pick_up()
-    except AnarchonError as exc:
+    except Exception as exc:  # any store error: the store cannot tell, so the work is skipped
         log.warning("anarchon: skipping %s, the store is unavailable: %s", ticket.slot_id, exc)
         raise SkipWork(str(exc), stale=False) from exc
     if not current:
