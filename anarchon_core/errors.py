@@ -48,7 +48,7 @@ class DispatchFailed(AnarchonError):
 
     Raised by the Celery and Dramatiq dispatchers (and by any handler that
     dispatches work elsewhere): the slot did not run, so it is not recorded as
-    failed. The engine releases it for another attempt, by whichever instance
-    can reach the broker, within the job's catch-up window; once that window
-    has passed it is recorded failed.
+    failed. After a back-off, whichever instance can reach the broker takes it
+    over as another attempt, within the job's catch-up window; once that
+    window has passed it is recorded failed.
     """

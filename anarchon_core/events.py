@@ -47,9 +47,9 @@ class EventKind(str, enum.Enum):
     FAILED = ("failed", logging.WARNING)
     #: A handler handed its run off to an executor (:meth:`~anarchon_core.Run.hand_off`).
     DISPATCHED = ("dispatched", logging.DEBUG)
-    #: A handler could not hand its run off (the broker was unreachable): the slot
-    #: is released for another attempt within its catch-up window, or recorded
-    #: failed once that window has passed.
+    #: A handler could not hand its run off (the broker was unreachable): another
+    #: attempt takes the slot over after a back-off, within its catch-up window, or
+    #: it is recorded failed once that window has passed.
     DISPATCH_FAILED = ("dispatch_failed", logging.WARNING)
     #: This instance lost the lease of a run it holds.
     LOST = ("lost", logging.WARNING)

@@ -61,8 +61,15 @@ MAX_SLEEP = 1.0
 HANDOVER_WAIT = 10.0
 #: How often :meth:`Scheduler.run_forever` looks whether a stop signal came.
 SIGNAL_POLL = 0.05
+#: The longest wait between two attempts to dispatch a slot the broker refused.
+DISPATCH_RETRY_MAX = 5.0
 #: How many slot times' jitter draws are kept; past that, the older half is dropped.
 TICK_OFFSETS_KEPT = 4096
+
+
+def dispatch_retry_after(attempt: int, watch: float) -> float:
+    """Seconds before the next attempt of a slot whose ``attempt``-th dispatch failed."""
+    return float(min(DISPATCH_RETRY_MAX, watch * 2.0 ** min(attempt - 1, 16)))
 
 
 def default_instance() -> str:
@@ -412,9 +419,12 @@ class Scheduler:
             if rt.runner is runner:
                 rt.runner = None
                 if (done.handed_off or retry) and not rt.removed:
-                    # Whoever executes it may die too, and a released slot is sent again
-                    # by whoever takes it over: back it up like anyone else's run.
+                    # Whoever executes it may die too, and a slot given back is sent again
+                    # by whoever takes it over: back it up like anyone else's run. After
+                    # a failed dispatch, the others (who may reach the broker) go first.
                     rt.backup = Backup.of_own(runner, self._clock.monotonic(), rt.options)
+                    if done.dispatch_failed:
+                        rt.backup.next_check += dispatch_retry_after(run.attempt, rt.options.watch)
                 if rt.removed:
                     with self._lock:
                         self._runtimes.pop(run.job, None)
@@ -425,7 +435,8 @@ class Scheduler:
                 if done.interrupted:
                     detail = "the handler stopped on losing its lease; released for a backup"
                 elif retry:
-                    detail = "released for another attempt within the catch-up window"
+                    after = dispatch_retry_after(run.attempt, rt.options.watch)
+                    detail = f"another attempt in {after:g}s, within the catch-up window"
                 elif done.dispatch_failed:
                     detail = "recorded failed: " + (
                         "its catch-up window has passed"
@@ -449,8 +460,10 @@ class Scheduler:
         if done.dispatch_failed and self.store.supports_lease:
             lateness = done.ended_at - done.runner.slot.time.timestamp()
             if not rt.too_late(done.runner.slot, lateness):
-                # Not run, so not failed: released, whoever can reach the broker sends it.
-                return self.store.release(run.job, run.token), True
+                # Not run, so not failed: the lease is cut to a back-off that doubles
+                # with each attempt, then whoever can reach the broker takes it over.
+                backoff = dispatch_retry_after(run.attempt, rt.options.watch)
+                return self.store.renew(run.job, run.token, backoff), True
         return self.store.finish(run.job, run.token, done.outcome), False
 
     def _renew(self, now_mono: float) -> None:
@@ -657,10 +670,12 @@ class Scheduler:
         runner = rt.runner = Runner.start(slot, run, sent, rt.options)
         if run.lost:
             # The claim's answer came after the lease it granted could be relied on:
-            # the handler does not start; a backup takes the slot over once it lapses.
+            # the handler does not start; the slot goes back for a backup (this
+            # instance too) to take over as the next attempt.
             self._emit_lost(runner)
             rt.runner = None
             rt.backup = Backup.of_own(runner, self._clock.monotonic(), rt.options)
+            self.store.release(slot.job, token)
             return
         if self._inline:
             self._execute(rt, runner)

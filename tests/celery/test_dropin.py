@@ -180,10 +180,10 @@ def test_a_send_that_fails_inside_apply_entry_still_fails_the_slot(
     assert set(finished) == {RunState.FAILED}
 
 
-def test_a_send_the_broker_refused_is_released_and_sent_again(
+def test_a_send_the_broker_refused_is_sent_again_as_the_next_attempt(
     tmp_path: Path, closing: list[Scheduler]
 ) -> None:
-    """An unreachable broker fails no slot: it is released and sent as the next attempt."""
+    """An unreachable broker fails no slot: it is sent again as the next attempt."""
     app = make_app(tmp_path, every_second())
     scheduler = Recording(app)
     closing.append(scheduler)
@@ -197,10 +197,10 @@ def test_a_send_the_broker_refused_is_released_and_sent_again(
     finally:
         store.close()
     ended = {r.state for r in history if r.ended_at is not None}
-    assert RunState.FAILED not in ended and RunState.RELEASED in ended
+    assert RunState.FAILED not in ended and RunState.LOST in ended
     sent = scheduler.published[0][3]["headers"]["anarchon"]
     # The first send that reached the broker is a later attempt of a slot already tried.
-    tried = {f"e@{r.slot_ms}" for r in history if r.state is RunState.RELEASED}
+    tried = {f"e@{r.slot_ms}" for r in history if r.state is RunState.LOST}
     assert sent["slot_id"] in tried and sent["attempt"] > 1
 
 

@@ -436,3 +436,116 @@ def test_a_handed_off_run_is_left_to_its_executor() -> None:
     # The next slot supersedes it.
     cluster.run(60)
     assert dispatched[3][0] != slot and dispatched[3][1] == 1
+
+
+# -- lease safety under store faults (each once reproduced on the engine) ------
+
+
+class SlowClaims(MemoryStore):
+    """A store whose claims reach the server ``delay`` seconds after they were sent."""
+
+    delay = 0.0
+
+    def claim_many(self, requests, owner):  # type: ignore[no-untyped-def]
+        if self.delay:
+            self._clock.sleep(self.delay)  # the driving thread: time moves for everyone
+        return super().claim_many(requests, owner)
+
+
+def test_a_claim_that_wins_over_the_instances_own_lapsed_run_tells_that_run() -> None:
+    """Case 3: the older run of the job is lost before any newer one begins, and says why."""
+    cluster = Cluster()
+    cluster.store = store = SlowClaims(clock=cluster.clock)
+    runs: list = []  # type: ignore[type-arg]
+    believing_at_start: list[int] = []
+
+    def work(run) -> None:  # type: ignore[no-untyped-def]
+        believing_at_start.append(sum(not r.lost for r in runs))
+        runs.append(run)
+        while not run.lost:
+            cluster.clock.sleep(0.1)
+
+    cluster.add("a", lambda s: s.add_job(work, name="job", every=5, lease=3), jitter=0)
+    cluster.run(5.5)
+    assert len(runs) == 1 and not runs[0].lost
+    store.delay = 4.0  # the next slot's claim lands after the running lease lapsed
+    cluster.run(5)
+    first = runs[0]
+    assert first.lost
+    assert "ran out" in first.lost_reason or "superseded" in first.lost_reason
+    assert [e.slot_id for e in cluster.kinds("lost")][:1] == [first.slot_id]
+    store.delay = 0.0
+    cluster.run(3)
+    # The slot won late is not run on a lease it cannot rely on: it is taken over.
+    assert [(r.slot_id, r.attempt) for r in runs[1:]] == [(slot_id("job", _dt(START + 10)), 2)]
+    assert believing_at_start == [0, 0]  # no run of the job believed when another began
+
+
+def dispatcher(cluster: Cluster, sent: list, pickup: float):  # type: ignore[no-untyped-def,type-arg]
+    def dispatch(run) -> None:  # type: ignore[no-untyped-def]
+        run.hand_off(pickup)
+        sent.append((run.slot_id, run.attempt, run.instance))
+
+    return lambda s: s.add_job(dispatch, name="job", every=60, lease=2)
+
+
+def test_a_dispatch_never_picked_up_is_not_sent_again_by_a_beat_started_later() -> None:
+    """Case 4: the record says "dispatched", whoever reads it and whenever."""
+    cluster = Cluster()
+    sent: list = []  # type: ignore[type-arg]
+    cluster.add("a", dispatcher(cluster, sent, pickup=20))
+    cluster.run(61)
+    assert [a for _, a, _ in sent] == [1]
+    cluster.kill("a")
+    cluster.run(25)  # the pickup lease lapsed with nobody watching
+    cluster.add("late", dispatcher(cluster, sent, pickup=20))
+    cluster.run(10)
+    assert [a for _, a, _ in sent] == [1]  # not sent again
+    missed = [e for e in cluster.kinds("missed") if e.instance == "late"]
+    assert missed and "never picked up" in missed[0].detail
+
+
+def test_a_rolling_deploy_that_changes_the_lease_keeps_takeovers() -> None:
+    """Case 5: a backup with a shorter lease takes a crashed runner's longer lease over."""
+    cluster = Cluster()
+    cluster.add("old", every(cluster, 60, 30), lease=8, jitter=0)
+    cluster.run(61)
+    cluster.add("new", every(cluster, 60, 30), lease=2)
+    cluster.run(1)
+    cluster.kill("old")
+    cluster.run(12)
+    spans = cluster.slots("job")[slot_id("job", _dt(START + 60))]
+    assert [(s.instance, s.attempt) for s in spans] == [("old", 1), ("new", 2)]
+    assert not cluster.kinds("missed")
+
+
+class BrokerDown(Exception):
+    pass
+
+
+def test_a_dispatch_that_fails_is_sent_again_by_another_instance() -> None:
+    """Case 6: an instance that cannot reach the broker releases; one that can sends."""
+    from anarchon_core import DispatchFailed
+
+    cluster = Cluster()
+    sent: list = []  # type: ignore[type-arg]
+
+    def setup(reachable: bool):  # type: ignore[no-untyped-def]
+        def dispatch(run) -> None:  # type: ignore[no-untyped-def]
+            run.hand_off(20)
+            if not reachable:
+                raise DispatchFailed("the broker is unreachable")
+            sent.append((run.slot_id, run.attempt, run.instance))
+
+        return lambda s: s.add_job(dispatch, name="job", every=60, lease=2)
+
+    cluster.add("cut-off", setup(False), jitter=0)  # always claims first
+    cluster.add("fine", setup(True))
+    cluster.run(63)
+    # Sent once, by the instance that reaches the broker, as a later attempt.
+    assert [i for *_, i in sent] == ["fine"] and sent[0][1] > 1
+    assert cluster.kinds("dispatch_failed")[0].instance == "cut-off"
+    history = cluster.store.history("job")
+    # Attempt 1 was cut to a back-off and taken over: never recorded failed.
+    assert [(r.attempt, r.state) for r in reversed(history)][:1] == [(1, RunState.LOST)]
+    assert RunState.FAILED not in {r.state for r in history}
