@@ -184,7 +184,8 @@ def test_a_send_the_broker_refused_is_sent_again_as_the_next_attempt(
     tmp_path: Path, closing: list[Scheduler]
 ) -> None:
     """An unreachable broker fails no slot: it is sent again as the next attempt."""
-    app = make_app(tmp_path, every_second())
+    # Slots may be sent up to 10 s late: the retries stay within the window.
+    app = make_app(tmp_path, every_second(), anarchon_catch_up=10)
     scheduler = Recording(app)
     closing.append(scheduler)
     scheduler.fail_sends = ConnectionError("the broker is gone")
@@ -197,7 +198,7 @@ def test_a_send_the_broker_refused_is_sent_again_as_the_next_attempt(
     finally:
         store.close()
     ended = {r.state for r in history if r.ended_at is not None}
-    assert RunState.FAILED not in ended and RunState.LOST in ended
+    assert RunState.FAILED not in ended and RunState.LOST in ended  # taken over, not failed
     sent = scheduler.published[0][3]["headers"]["anarchon"]
     # The first send that reached the broker is a later attempt of a slot already tried.
     tried = {f"e@{r.slot_ms}" for r in history if r.state is RunState.LOST}

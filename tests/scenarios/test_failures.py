@@ -151,22 +151,37 @@ def test_a_handler_longer_than_its_interval_never_runs_twice_at_once(fleet_facto
 def test_a_newer_slot_supersedes_a_lapsed_run_which_is_not_retried(
     fleet_factory: Any, store_url: str
 ) -> None:
-    # Backups look rarely here (watch=20), so the next slot comes before any takeover.
-    fleet = fleet_factory(every=4, anchor=anchor_soon(2), work=30, lease=2, watch=20)
-    fleet.start(*NAMES)
+    """Nobody backs the lapsed run up: the next slot's claim supersedes it; it is not retried."""
+    fleet = fleet_factory(every=6, anchor=anchor_soon(2), work=30, lease=2)
+    fleet.start("a")
     first = fleet.first_start()
-    fleet.kill(first["instance"])
-    later = f"tick@{int((slot_seconds(first['slot_id']) + 4) * 1000)}"
-    fleet.wait_for(lambda ls: runs_of(ls, later), 8, "the next slot")
+    fleet.kill("a")
+    # Started after the next slot's time: b finds an older slot whose lease lapsed.
+    time.sleep(max(0.0, slot_seconds(first["slot_id"]) + 6.2 - time.time()))
+    fleet.start("b")
+    fleet.wait_for(lambda ls: [x for x in ls if x["kind"] == "start"][1:], 15, "a newer slot")
     time.sleep(1)
+    newer = [x for x in fleet.starts() if x["slot_id"] != first["slot_id"]]
     assert len(runs_of(fleet.lines(), first["slot_id"])) == 1  # not retried
-    assert [x["attempt"] for x in runs_of(fleet.lines(), later)] == [1]
+    assert newer and newer[0]["attempt"] == 1
     store = open_store(store_url, namespace=fleet.namespace)
     try:
         states = {r.slot_ms: r.state.value for r in store.history("tick")}
     finally:
         store.close()
     assert states[int(slot_seconds(first["slot_id"]) * 1000)] == "abandoned"
+
+
+def test_a_backup_takes_a_lapsed_run_over_before_the_next_slot(fleet_factory: Any) -> None:
+    """Backups look rarely (watch=20), yet the lapsed run is taken over before the next claim."""
+    fleet = fleet_factory(every=4, anchor=anchor_soon(2), work=30, lease=2, watch=20)
+    fleet.start(*NAMES)
+    first = fleet.first_start()
+    fleet.kill(first["instance"])
+    fleet.wait_for(lambda ls: len(runs_of(ls, first["slot_id"])) > 1, 8, "the takeover")
+    assert [x["attempt"] for x in runs_of(fleet.lines(), first["slot_id"])] == [1, 2]
+    later = f"tick@{int((slot_seconds(first['slot_id']) + 4) * 1000)}"
+    assert not runs_of(fleet.lines(), later)  # skipped as an overlap of the taken-over run
 
 
 def test_instances_on_different_schedule_versions_never_run_a_slot_twice(
