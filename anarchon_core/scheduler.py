@@ -675,7 +675,10 @@ class Scheduler:
             self._emit_lost(runner)
             rt.runner = None
             rt.backup = Backup.of_own(runner, self._clock.monotonic(), rt.options)
-            self.store.release(slot.job, token)
+            try:
+                self.store.release(slot.job, token)
+            except Exception as exc:  # its lease lapses instead; the claims after it go on
+                log.warning("anarchon: could not give %s back: %s", slot.id, _describe(exc))
             return
         if self._inline:
             self._execute(rt, runner)

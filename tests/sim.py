@@ -394,6 +394,8 @@ class Chaos:
         self.messages: list[Message] = []
         self.events: list[Event] = []
         self.timeline: list[tuple[float, str, str]] = []
+        #: The timeline as played, for the replay of a failing seed.
+        self.log: list[str] = []
         self.tokens: dict[str, int] = {}
         self.calls = self.faults = self.steps = 0
         self.call_timeout = self.rnd.choice([1.0, 3.0, 8.0])
@@ -510,7 +512,7 @@ class Chaos:
     def _dispatcher(self, plan: Plan, inc: Incarnation) -> Callable[[Run], None]:
         def dispatch(run: Run) -> None:
             now = self.clock.time()
-            pickup = run_lease(inc) * 4
+            pickup = inc.lease * 4
             run.hand_off(pickup)
             if any(a <= now < b for a, b in self.broker_down):  # the send fails
                 raise DispatchFailed("broker unreachable")
@@ -522,7 +524,7 @@ class Chaos:
                     run.slot_id,
                     run.attempt,
                     run.token,
-                    run_lease(inc),
+                    inc.lease,
                     fate,
                     now + delay,
                     plan.duration,
@@ -655,7 +657,6 @@ class Chaos:
             self.clock.advance(max(step, 0.001))
 
     def run(self) -> None:
-        self.log: list[str] = []
         try:
             self._drive(START + self.seconds)
             for inc in self.incarnations:
@@ -758,10 +759,6 @@ class Chaos:
             if t >= end:
                 return False
         return end - t >= length
-
-
-def run_lease(inc: Incarnation) -> float:
-    return inc.lease
 
 
 def main(argv: Sequence[str] | None = None) -> int:

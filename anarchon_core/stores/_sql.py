@@ -65,17 +65,24 @@ SCHEMA = [
            AND token <= NEW.token - {HISTORY};
     END""",
     # The same token changing state: between running and dispatched the attempt
-    # stays open; done, failed and released end it. Replaced on every schema
-    # setup (SQLite has no CREATE OR REPLACE TRIGGER), so that databases made
-    # by older versions, whose trigger ended the attempt on any change, get it.
-    "DROP TRIGGER IF EXISTS anarchon_run_end",
-    f"""CREATE TRIGGER anarchon_run_end AFTER UPDATE OF state ON anarchon_jobs
+    # stays open; done, failed and released end it. A database made by an older
+    # version, whose trigger ended the attempt on any change, has it replaced
+    # (see RUN_END_MARK).
+    f"""CREATE TRIGGER IF NOT EXISTS anarchon_run_end AFTER UPDATE OF state ON anarchon_jobs
     WHEN NEW.token = OLD.token AND NEW.state != OLD.state BEGIN
         UPDATE anarchon_runs SET state = NEW.state,
                ended_at = CASE WHEN NEW.state IN {_HELD_STATES} THEN ended_at ELSE {NOW} END
          WHERE namespace = NEW.namespace AND job = NEW.job AND token = NEW.token;
     END""",
 ]
+
+#: This version's ``anarchon_run_end`` trigger.
+RUN_END = next(statement for statement in SCHEMA if "anarchon_run_end" in statement)
+#: In the definition of this version's ``anarchon_run_end`` trigger, and not in
+#: older ones: an older trigger is dropped and created again (SQLite has no
+#: CREATE OR REPLACE TRIGGER), once, not at every start.
+RUN_END_MARK = "ended_at = CASE WHEN NEW.state IN"
+TRIGGER_SQL = "SELECT sql FROM sqlite_master WHERE type = 'trigger' AND name = ?"
 
 _RETURNING = f"RETURNING job, slot_ms, owner, attempt, token, state, lease_until - {NOW}"
 

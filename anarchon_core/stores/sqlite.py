@@ -154,10 +154,14 @@ class SQLDialectStore(Store):
             return [row[0] for row in conn.execute(_sql.JOBS, (self.namespace,)).fetchall()]
 
     def _create_schema(self) -> None:
-        """Create the tables and triggers if they do not exist yet."""
+        """Create the tables and triggers if they do not exist yet; update an older trigger."""
         with self._transaction() as conn:
             for statement in _sql.SCHEMA:
                 conn.execute(statement)
+            row = conn.execute(_sql.TRIGGER_SQL, ("anarchon_run_end",)).fetchone()
+            if row is not None and _sql.RUN_END_MARK not in row[0]:
+                conn.execute("DROP TRIGGER anarchon_run_end")
+                conn.execute(_sql.RUN_END)
 
     def close(self) -> None:
         """Close the connection; one still in use is closed when its call ends."""
