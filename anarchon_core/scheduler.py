@@ -61,8 +61,9 @@ MAX_SLEEP = 1.0
 HANDOVER_WAIT = 10.0
 #: How often :meth:`Scheduler.run_forever` looks whether a stop signal came.
 SIGNAL_POLL = 0.05
-#: The longest wait between two attempts to dispatch a slot the broker refused.
-DISPATCH_RETRY_MAX = 5.0
+#: The longest wait between two attempts to dispatch a slot the broker refused: a
+#: broker back for this long plus ``watch`` within the catch-up window gets the slot.
+DISPATCH_RETRY_MAX = 2.0
 #: How many slot times' jitter draws are kept; past that, the older half is dropped.
 TICK_OFFSETS_KEPT = 4096
 
@@ -358,6 +359,9 @@ class Scheduler:
             # skip that slot as an overlap (and renewing them would be wasted).
             self._finish_completed()
             self._renew(now_mono)
+            # Runs lost by now (a call may have blocked past their deadline) are
+            # backed up before the claims, like anyone else's lapsed run.
+            self._report_lost()
             self._initialise()
             # Backups before claims: a job's older slot, handed over or lapsed, is
             # taken over before its next slot's claim could supersede it.
@@ -394,27 +398,42 @@ class Scheduler:
         self._retry_at = self._clock.monotonic() + self._backoff
 
     def _report_lost(self) -> None:
-        """Report each held run that was lost (deadline passed, told, or refused), once."""
+        """Report each held run that was lost (deadline passed, told, or refused), once.
+
+        This instance then backs the slot up like any other instance: once the
+        store says its lease ended, it may be taken over (by this instance too)
+        before the job's next slot is claimed.
+        """
         for rt in self._snapshot():
             runner = rt.runner
             if runner is not None and not runner.reported and runner.run.lost:
-                runner.reported = True
                 self._emit_lost(runner)
+                if self.store.supports_lease and rt.backup is None and not rt.removed:
+                    rt.backup = Backup.of_own(runner, self._clock.monotonic(), rt.options)
+
+    def _completions(self) -> list[Completion]:
+        """The completions queued so far, oldest slot first (an order threads cannot change)."""
+        pending: list[Completion] = []
+        while True:
+            try:
+                pending.append(self._done.get_nowait())
+            except queue.Empty:
+                break
+        pending.sort(key=lambda d: (d.runner.slot.ms, d.runner.slot.job, d.runner.run.attempt))
+        return pending
 
     def _finish_completed(self) -> None:
         """Phase 1 (and 6): finish the runs whose handler returned or raised."""
-        while True:
-            try:
-                done = self._done.get_nowait()
-            except queue.Empty:
-                return
+        pending = self._completions()
+        for index, done in enumerate(pending):
             rt, runner, run = done.runtime, done.runner, done.runner.run
             if run.lost and not runner.reported:
                 self._emit_lost(runner)
             try:
                 finished, retry = self._end_run(done)
             except Exception:  # kept until recorded: the step fails and is retried
-                self._done.put(done)
+                for unrecorded in pending[index:]:
+                    self._done.put(unrecorded)
                 raise
             if rt.runner is runner:
                 rt.runner = None
@@ -512,7 +531,9 @@ class Scheduler:
             if record is None or previous is None:
                 # A job never seen before starts with its next slot, not a catch-up.
                 pass
-            elif record.slot_ms == previous.ms:
+            elif record.slot_ms == previous.ms or record.held:
+                # The latest slot's run, or an older one still going (a run longer
+                # than the interval): back it up like the instances that saw it start.
                 self._back_up(rt, record)
             elif rt.catches_up(previous, record, self._lateness(previous)):
                 rt.next_slot = previous
