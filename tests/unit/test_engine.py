@@ -549,3 +549,16 @@ def test_a_dispatch_that_fails_is_sent_again_by_another_instance() -> None:
     # Attempt 1 was cut to a back-off and taken over: never recorded failed.
     assert [(r.attempt, r.state) for r in reversed(history)][:1] == [(1, RunState.LOST)]
     assert RunState.FAILED not in {r.state for r in history}
+
+
+def test_an_instance_started_during_a_run_longer_than_the_interval_backs_it_up() -> None:
+    """It takes the older slot over when its runner dies, rather than superseding it later."""
+    cluster = Cluster()
+    cluster.add("a", every(cluster, 60, 100), lease=3, jitter=0)
+    cluster.run(130)  # slot 60 runs; slot 120 was skipped as an overlap
+    cluster.add("b", every(cluster, 60, 100), lease=3)
+    cluster.run(1)
+    cluster.kill("a")
+    cluster.run(6)
+    first = slot_id("job", _dt(START + 60))
+    assert [(s.instance, s.attempt) for s in cluster.slots("job")[first]] == [("a", 1), ("b", 2)]
