@@ -21,7 +21,6 @@ from typing import Any
 
 from anarchon_core import Event, FakeClock, Run, Scheduler, SkewedClock, StoreUnavailable
 from anarchon_core.store import (
-    HELD_STATES,
     Claim,
     ClaimRequest,
     JobState,
@@ -158,7 +157,12 @@ class Cluster:
 # after every step the invariants are checked. Everything random comes from
 # the seed, so a failing seed replays the same run.
 
-try:  # the engine's own (absent from engines that predate it)
+try:  # the engine's own (absent from engines that predate them)
+    from anarchon_core.store import HELD_STATES
+except ImportError:  # pragma: no cover - only when replaying on an older engine
+    HELD_STATES = (RunState.RUNNING,)  # type: ignore[assignment]
+
+try:
     from anarchon_core import DispatchFailed
 except ImportError:  # pragma: no cover - only when replaying on an older engine
 
@@ -712,13 +716,22 @@ class Chaos:
         except Violation as exc:
             replay = "\n".join(self.log[-40:])
             raise Violation(
-                f"seed {self.seed}: {exc}\nreplay: python -m tests.sim --seed {self.seed}\n"
+                f"seed {self.seed}: {exc}\nreplay: {self.replay_command()}\n"
                 f"the last events of the timeline:\n{replay}"
             ) from None
         finally:
             for inc in self.incarnations:
                 inc.state = "dead"
             self.clock.advance(60)  # let the handler threads see they are dead
+
+    def replay_command(self) -> str:
+        """The command that plays this very run again."""
+        command = f"python -m tests.sim --seed {self.seed} --seconds {self.seconds:g}"
+        if self.instances != 3:
+            command += f" --instances {self.instances}"
+        if self.faults_on != frozenset(FAULTS):
+            command += f" --faults {','.join(sorted(self.faults_on))}"
+        return command
 
     # -- the invariants ----------------------------------------------------------
 
