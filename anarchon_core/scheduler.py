@@ -531,9 +531,13 @@ class Scheduler:
             if record is None or previous is None:
                 # A job never seen before starts with its next slot, not a catch-up.
                 pass
-            elif record.slot_ms == previous.ms or record.held:
+            elif record.slot_ms == previous.ms or (
+                record.held and not self.store.leases_by_observation
+            ):
                 # The latest slot's run, or an older one still going (a run longer
                 # than the interval): back it up like the instances that saw it start.
+                # (Where leases are measured by observation, an old record left
+                # running would look live: only the latest slot's is backed up.)
                 self._back_up(rt, record)
             elif rt.catches_up(previous, record, self._lateness(previous)):
                 rt.next_slot = previous

@@ -140,6 +140,10 @@ class Store(abc.ABC):
     #: Whether the store keeps leases (renew, takeover, hand-over). Claim-only
     #: stores pick a winner per slot and nothing more (see :class:`ClaimOnlyStore`).
     supports_lease: bool = True
+    #: Whether a lease's end is measured from when the reader first saw the record
+    #: (NATS: no server clock) rather than by the store's clock: a record left
+    #: running long ago then looks live to an instance that just started.
+    leases_by_observation: bool = False
 
     def __init__(self, *, namespace: str) -> None:
         """Bind the store to ``namespace``: 1-100 letters, digits, ``_``, ``-``, ``.`` or ``:``.

@@ -133,6 +133,8 @@ def _end(runs: list[list[Any]], state: RunState, at: float | None) -> list[list[
 class NatsStore(Store):
     """The store contract on a NATS JetStream key-value bucket (see the module docstring)."""
 
+    leases_by_observation = True
+
     def __init__(
         self,
         servers: str | list[str] = "nats://127.0.0.1:4222",
