@@ -13,9 +13,8 @@ from typing import Any
 
 import click
 
-from anarchon_core import AnarchonError, open_store
-from anarchon_core.cli import status as print_status
-from anarchon_core.urls import redact
+from anarchon_core import AnarchonError
+from anarchon_core.cli import EXIT_CONFIG, run_status
 
 from . import tracking  # noqa: F401 - connects the worker hooks
 from .settings import namespace_of, store_url
@@ -26,17 +25,16 @@ def anarchon() -> None:
     """The ``celery anarchon`` command group."""
 
 
-@anarchon.command(help="Each entry's last slot, owner, attempt, state and lease time left.")
+@anarchon.command(
+    help="Each entry's last slot, owner, attempt, state and lease time left. Exit status: 0"
+    " entries shown, 1 none recorded, 2 bad settings, 3 the store cannot be reached."
+)
 @click.pass_context
 def status(ctx: click.Context) -> None:
     app: Any = ctx.obj.app
     try:
-        url = store_url(app)
-        store = open_store(url, namespace=namespace_of(app))
-        try:
-            click.echo(f"store {redact(url)}  namespace {store.namespace}")
-            print_status(store, sys.stdout)
-        finally:
-            store.close()
+        url, namespace = store_url(app), namespace_of(app)
     except AnarchonError as exc:
-        raise click.ClickException(str(exc)) from exc
+        click.echo(f"celery anarchon: {exc}", err=True)
+        ctx.exit(EXIT_CONFIG)
+    ctx.exit(run_status(url, namespace, sys.stdout, sys.stderr, prog="celery anarchon"))

@@ -1,24 +1,43 @@
-"""The ``anarchon`` command: ``anarchon demo`` and ``anarchon status``."""
+"""The ``anarchon`` command: ``anarchon demo`` and ``anarchon status``.
+
+``status`` (here, and ``celery anarchon status``) exits with
+:data:`EXIT_OK` when it showed jobs, :data:`EXIT_EMPTY` when the store was
+reached but holds no job in the namespace, :data:`EXIT_CONFIG` for a bad URL
+or a missing driver, and :data:`EXIT_UNREACHABLE` when the store cannot be
+reached or refuses the connection (credentials, TLS, a missing database).
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from datetime import datetime, timezone
 from typing import TextIO
 
-from .errors import AnarchonError
+from .errors import AnarchonError, StoreUnavailable
 from .schedules import from_ms
 from .store import RunState, Store
-from .urls import open_store, redact
+from .urls import open_store, redact, scrub, secrets_in
+
+EXIT_OK = 0
+EXIT_EMPTY = 1
+EXIT_CONFIG = 2
+EXIT_UNREACHABLE = 3
 
 
-def status(store: Store, out: TextIO) -> None:
-    """Print, per job: its last slot, owner, attempt, state and lease time left."""
+def status(store: Store, out: TextIO) -> int:
+    """Print, per job: its last slot, owner, attempt, state and lease time left.
+
+    Returns how many jobs it showed.
+    """
     names = store.jobs()
     if not names:
-        print(f"no jobs recorded in namespace {store.namespace!r}", file=out)
-        return
+        if store.supports_lease:
+            print(f"no jobs recorded in namespace {store.namespace!r}", file=out)
+        else:
+            print(f"{type(store).__name__} records no jobs (it only takes claims)", file=out)
+        return 0
     states = store.states(names)
     header = ("job", "last slot (UTC)", "owner", "attempt", "state", "lease left")
     rows = [header]
@@ -37,6 +56,39 @@ def status(store: Store, out: TextIO) -> None:
         print(
             "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip(), file=out
         )
+    return len(rows) - 1
+
+
+def run_status(url: str, namespace: str, out: TextIO, err: TextIO, *, prog: str) -> int:
+    """Open ``url``, reach it, print the status of ``namespace``; return the exit code.
+
+    Every message names the store by its redacted URL; a driver's message is
+    scrubbed of the URL's secrets.
+    """
+    try:
+        store = open_store(url, namespace=namespace)
+    except AnarchonError as exc:
+        print(f"{prog}: {exc}", file=err)
+        return EXIT_CONFIG
+    try:
+        store.ping()
+        print(
+            f"store {redact(url)}  namespace {namespace}  "
+            f"at {datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S} UTC",
+            file=out,
+        )
+        shown = status(store, out)
+    except Exception as exc:  # unreachable, refused, or an error the server answered
+        said = str(exc) or type(exc).__name__
+        for secret in secrets_in(url):
+            said = scrub(said, secret)
+        reason = "cannot reach" if isinstance(exc, StoreUnavailable) else "error from"
+        print(f"{prog}: {reason} the store {redact(url)}: {said}", file=err)
+        return EXIT_UNREACHABLE
+    finally:
+        with contextlib.suppress(Exception):  # the outcome above is what is reported
+            store.close()
+    return EXIT_OK if shown else EXIT_EMPTY
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,7 +102,12 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--instances", type=int, default=3, help="instances to start (default 3)")
     demo.add_argument("--interval", type=float, default=2.0, help="seconds between slots")
     demo.add_argument("--duration", type=float, default=30.0, help="seconds the demo runs")
-    show = commands.add_parser("status", help="jobs, slots and leases recorded in a store")
+    show = commands.add_parser(
+        "status",
+        help="jobs, slots and leases recorded in a store",
+        description="Exit status: 0 jobs shown, 1 none recorded in the namespace, 2 bad URL"
+        " or missing driver, 3 the store cannot be reached or refused the connection.",
+    )
     show.add_argument("--store", required=True, help="store URL, e.g. sqlite:///jobs.db")
     show.add_argument("--namespace", default="default")
     args = parser.parse_args(argv)
@@ -68,21 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             duration=args.duration,
             out=sys.stdout,
         )
-    try:
-        store = open_store(args.store, namespace=args.namespace)
-        try:
-            print(
-                f"store {redact(args.store)}  namespace {args.namespace}  "
-                f"at {datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S} UTC",
-                file=sys.stdout,
-            )
-            status(store, sys.stdout)
-        finally:
-            store.close()
-    except AnarchonError as exc:
-        print(f"anarchon: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    return run_status(args.store, args.namespace, sys.stdout, sys.stderr, prog="anarchon")
 
 
 if __name__ == "__main__":

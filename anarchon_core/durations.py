@@ -38,3 +38,35 @@ def parse_duration(name: str, value: float | int | str | timedelta) -> float:
     if seconds != seconds or seconds < 0 or seconds == float("inf"):
         raise ConfigurationError(f"{name}={value!r}: a duration must be finite and not negative")
     return seconds
+
+
+#: The shortest and longest timeout a store takes for one call or connection
+#: (seconds): shorter fails every call on a healthy network, longer leaves a
+#: blocked call holding the scheduling loop for minutes.
+MIN_STORE_TIMEOUT = 0.5
+MAX_STORE_TIMEOUT = 300.0
+
+
+def within(
+    name: str, seconds: float, low: float, high: float | None = None, why: str = ""
+) -> float:
+    """``seconds`` if ``low <= seconds <= high``; else ConfigurationError naming ``name``.
+
+    ``why`` says what the bound protects against, for the message.
+    """
+    if seconds < low or (high is not None and seconds > high):
+        bounds = f"at least {low:g}s" if high is None else f"between {low:g}s and {high:g}s"
+        reason = f" ({why})" if why else ""
+        raise ConfigurationError(f"{name}={seconds:g}s: must be {bounds}{reason}")
+    return seconds
+
+
+def store_timeout(name: str, value: Duration) -> float:
+    """A store's call or connection timeout, read and bounded alike for every store."""
+    return within(
+        name,
+        parse_duration(name, value),
+        MIN_STORE_TIMEOUT,
+        MAX_STORE_TIMEOUT,
+        "a store call's time limit",
+    )

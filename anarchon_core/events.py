@@ -61,6 +61,10 @@ class EventKind(str, enum.Enum):
     MISSED = ("missed", logging.WARNING)
     #: The store stopped answering, or answered with an error (once per outage).
     STORE_UNAVAILABLE = ("store_unavailable", logging.WARNING)
+    #: The store refused one job's claim with an error while it took the
+    #: others': that job tries again after a back-off (within its catch-up
+    #: window), the other jobs go on.
+    CLAIM_FAILED = ("claim_failed", logging.WARNING)
     #: The store answers again.
     STORE_RECOVERED = ("store_recovered", logging.INFO)
 

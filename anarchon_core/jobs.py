@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from .durations import Duration, parse_duration
+from .durations import Duration, parse_duration, within
 from .errors import ConfigurationError, DispatchFailed, LeaseLost
 from .schedules import Schedule
 from .slots import Slot
@@ -25,6 +25,15 @@ DEFAULT_LEASE = 10.0
 DEFAULT_JITTER = 1.0
 DEFAULT_WATCH = 0.5
 MAX_DEFAULT_CATCH_UP = 3600.0
+
+#: Bounds of the job options, in seconds (see docs/concepts.md, "Configuration
+#: errors"). Below them an instance would poll its store without pause; a
+#: lease above a day would leave a crashed runner's slot stuck that long.
+MIN_LEASE, MAX_LEASE = 1.0, 86400.0
+MIN_RENEW = 0.1
+MIN_WATCH, MAX_WATCH = 0.05, 3600.0
+#: The longest job name, in characters (and four times that in UTF-8 bytes at most).
+MAX_NAME = 200
 
 #: The share of a lease a runner gives up as a safety margin: it holds a run
 #: until (when its last successful renewal was sent) + lease x (1 - margin), by
@@ -40,6 +49,31 @@ CLOCK_RATE_BOUND = 0.02
 def held_for(lease: float) -> float:
     """How long after sending a claim or renewal of ``lease`` seconds a runner may rely on it."""
     return lease * (1.0 - LEASE_MARGIN)
+
+
+def check_name(name: object) -> str:
+    """``name`` if it is a valid job name, else ConfigurationError naming it.
+
+    A job name is 1 to :data:`MAX_NAME` printable characters (``str.isprintable``:
+    letters, marks, digits, punctuation, symbols and the ASCII space; no
+    control or format characters, no other whitespace, no lone surrogates),
+    not all spaces. Every store keeps any such name as it is.
+    """
+    if not isinstance(name, str):
+        raise ConfigurationError(f"job name {name!r}: expected a string")
+    if not name.strip(" "):
+        raise ConfigurationError(f"job name {name!r}: must not be empty or only spaces")
+    if len(name) > MAX_NAME:
+        raise ConfigurationError(
+            f"job name {name[:40]!r}...: {len(name)} characters, at most {MAX_NAME}"
+        )
+    for index, char in enumerate(name):
+        if not char.isprintable():
+            raise ConfigurationError(
+                f"job name {name!r}: character {index} ({char!a}) is not printable;"
+                " use letters, digits, punctuation, symbols and spaces"
+            )
+    return name
 
 
 @dataclass(frozen=True)
@@ -63,18 +97,15 @@ class JobOptions:
     watch: float = DEFAULT_WATCH
 
     def __post_init__(self) -> None:
-        if self.lease <= 0:
-            raise ConfigurationError(f"lease={self.lease:g}: the lease must be positive")
+        within("lease", self.lease, MIN_LEASE, MAX_LEASE, "how long a claim holds unrenewed")
         if self.renew is not None:
-            if self.renew <= 0:
-                raise ConfigurationError(f"renew={self.renew:g}: must be positive")
+            within("renew", self.renew, MIN_RENEW, why="how often a runner writes to the store")
             if self.lease < 3 * self.renew:
                 raise ConfigurationError(
                     f"lease={self.lease:g} is shorter than 3 renewals (renew={self.renew:g}):"
                     " a single delayed renewal would lose the lease"
                 )
-        if self.watch <= 0:
-            raise ConfigurationError(f"watch={self.watch:g}: must be positive")
+        within("watch", self.watch, MIN_WATCH, MAX_WATCH, "how often backups read the store")
 
     @property
     def renew_every(self) -> float:
@@ -120,10 +151,7 @@ class Job:
         For declarations whose handler lives elsewhere (a Celery task, a
         Dramatiq actor): the same rules as a job's, without building one.
         """
-        if not isinstance(name, str) or not name.strip():
-            raise ConfigurationError(f"job name {name!r}: must be a non-empty string")
-        if len(name) > 200:
-            raise ConfigurationError(f"job name {name[:40]!r}...: longer than 200 characters")
+        check_name(name)
         interval = schedule.min_interval.total_seconds()
         if options.jitter is not None and options.jitter >= interval:
             raise ConfigurationError(

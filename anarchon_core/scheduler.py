@@ -566,10 +566,44 @@ class Scheduler:
             return
         requests = [ClaimRequest(rt.job.name, slot.ms, rt.options.lease) for rt, slot in due]
         sent = self._clock.monotonic()
-        claims = self.store.claim_many(requests, self.instance)
+        try:
+            claims: list[Claim | Exception] = list(self.store.claim_many(requests, self.instance))
+        except StoreUnavailable:
+            raise
+        except Exception as exc:
+            if len(requests) == 1:
+                raise
+            # One job's claim may be what the store refuses (a value it cannot
+            # take): claim one by one, so the other jobs still run.
+            claims = self._claim_each(requests, exc)
+            sent = self._clock.monotonic()
         for (rt, slot), claim in zip(due, claims, strict=False):
+            if isinstance(claim, Exception):
+                self._emit(EventKind.CLAIM_FAILED, slot=slot, detail=_describe(claim))
+                rt.claim_at = now + BACKOFF_MAX
+                continue
             self._advance(rt, slot)
             self._claimed(rt, slot, claim, sent)
+
+    def _claim_each(
+        self, requests: list[ClaimRequest], batch: Exception
+    ) -> list[Claim | Exception]:
+        """Claims of ``requests`` one at a time, each a claim or the error it raised.
+
+        When every claim fails alike, the store (not a job) is at fault: the
+        batch's error fails the step as any store error does.
+        """
+        results: list[Claim | Exception] = []
+        for request in requests:
+            try:
+                results.extend(self.store.claim_many([request], self.instance))
+            except StoreUnavailable:
+                raise
+            except Exception as exc:
+                results.append(exc)
+        if all(isinstance(result, Exception) for result in results):
+            raise batch
+        return results
 
     def _claimed(self, rt: JobRuntime, slot: Slot, claim: Claim, sent: float) -> None:
         holder = claim.holder

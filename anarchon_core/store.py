@@ -279,6 +279,10 @@ class Store(abc.ABC):
     def jobs(self) -> list[str]:
         """Names of the jobs that have a record in this namespace, sorted."""
 
+    def ping(self) -> None:
+        """Reach the store once: StoreUnavailable if it cannot, or refuses this client."""
+        self.jobs()
+
     def close(self) -> None:  # noqa: B027 - most stores have nothing to close
         """Release connections this store opened itself."""
 

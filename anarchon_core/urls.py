@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import importlib
 import re
+from collections.abc import Iterable
 from typing import Any
-from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 from .errors import ConfigurationError, MissingDependency
 from .store import Store
@@ -33,26 +34,65 @@ SCHEMES: dict[str, tuple[str, str | None]] = {
 }
 
 
-_SECRET_PARAMS = re.compile(r"(?i)(token|password|passwd|secret|key)")
+_SECRET_NAME = r"[\w-]*(?:token|password|passwd|secret|key)[\w-]*"  # noqa: S105
+#: A query parameter whose name says it holds a secret: ``?authToken=...``.
+_SECRET_QUERY = re.compile(rf"(?i)([?&;]{_SECRET_NAME}=)([^&;#]*)")
+#: A libpq-style ``key=value`` pair holding a secret: ``password='s3 cr3t'``.
+_SECRET_PAIR = re.compile(rf"(?i)(\b{_SECRET_NAME}\s*=\s*)('(?:[^'\\]|\\.)*'?|\S*)")
+_URL = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<netloc>[^/?#]*)(?P<rest>.*)$", re.S)
+#: Schemes whose user part alone (``nats://TOKEN@host``) is a secret.
+_TOKEN_IN_USER = {"nats", "tls", "ws", "wss"}
 
 
 def redact(url: str) -> str:
-    """``url`` with any password or token replaced by ``***``, safe to log or print."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<invalid url>"
-    query = parse_qsl(parts.query, keep_blank_values=True)
-    secret = [k for k, _ in query if _SECRET_PARAMS.search(k)]
-    if parts.password is None and not secret:
-        return url
-    if parts.password is not None:
-        host = parts.netloc.rsplit("@", 1)[1]
-        parts = parts._replace(netloc=f"{parts.username or ''}:***@{host}")
-    if secret:
-        hidden = [(k, "***" if k in secret else v) for k, v in query]
-        parts = parts._replace(query=urlencode(hidden, safe="*"))
-    return urlunsplit(parts)
+    """``url`` with every password or token replaced by ``***``, safe to log or print.
+
+    Reads the forms stores accept: URLs (``scheme://user:password@host``, several
+    comma-separated NATS hosts, secrets in query parameters such as
+    ``?password=`` or ``?authToken=``, NATS's ``nats://TOKEN@host``), and
+    libpq's ``key=value`` connection strings (``password=...``). A malformed
+    URL is redacted as far as it can be read, never returned with its secret.
+    """
+    if not isinstance(url, str):
+        return "<not a string>"
+    return _redact(url, [])
+
+
+def secrets_in(url: str) -> list[str]:
+    """The secrets ``url`` holds (passwords, tokens), to scrub from a driver's message."""
+    found: list[str] = []
+    _redact(url, found)
+    return [secret.strip("'") for secret in found if secret.strip("'")]
+
+
+def _redact(url: str, found: list[str]) -> str:
+    """:func:`redact`, appending each secret it hides to ``found``."""
+
+    def hide(match: re.Match[str]) -> str:
+        found.append(match.group(2))
+        return f"{match.group(1)}***"
+
+    match = _URL.match(url)
+    if match is None:  # a libpq connection string, or not a URL at all
+        return _SECRET_PAIR.sub(hide, url)
+    scheme = match["scheme"].lower()
+    # Only NATS takes several hosts; elsewhere a comma may be part of a password.
+    netloc = match["netloc"]
+    hosts = []
+    for host in netloc.split(",") if scheme in _TOKEN_IN_USER else [netloc]:
+        user, at, address = host.rpartition("@")
+        if at:
+            name, colon, password = user.partition(":")
+            if colon:
+                found.append(password)
+                user = f"{name}:***"
+            elif scheme in _TOKEN_IN_USER:
+                found.append(user)
+                user = "***"
+            host = f"{user}@{address}"
+        hosts.append(host)
+    rest = _SECRET_QUERY.sub(hide, match["rest"])
+    return f"{match['scheme']}://{','.join(hosts)}{rest}"
 
 
 def scrub(text: str, secret: str | None) -> str:
@@ -101,9 +141,47 @@ def store_class(url: str) -> type[Store]:
     return cls
 
 
-def open_store(url: str, *, namespace: str = "default", **options: Any) -> Store:
-    """A store for ``url``, bound to ``namespace``. Options go to the store class."""
+def url_options(url: str, store: str, accepted: Iterable[str]) -> list[tuple[str, str]]:
+    """The query parameters of ``url``, refusing any a ``store`` URL does not take.
+
+    The message names the parameter and lists the accepted ones, so a typo
+    fails when the store is opened, not at its first call.
+    """
+    allowed = list(accepted)
+    options = parse_qsl(urlsplit(url).query, keep_blank_values=True)
+    for key, _ in options:
+        if key not in allowed:
+            known = ", ".join(allowed) if allowed else "none"
+            raise ConfigurationError(
+                f"{store} URL {redact(url)!r}: unknown option {key!r} (accepted: {known})"
+            )
+    return options
+
+
+def check_url(url: object) -> str:
+    """``url`` if it is a string a URL parser can read (host, port), else ConfigurationError."""
     if not isinstance(url, str):
         raise ConfigurationError(f"store URL {url!r}: expected a string")
-    cls = store_class(url)
+    if any(ch.isspace() or not ch.isprintable() for ch in url):
+        raise ConfigurationError(
+            f"store URL {redact(url)!r}: contains whitespace or control characters"
+        )
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - reading it checks it
+        parse_qsl(parts.query, keep_blank_values=True, strict_parsing=False)
+    except ValueError as exc:
+        # Not chained: the parser's error may quote the URL, secret included.
+        raise ConfigurationError(f"store URL {redact(url)!r}: {exc}") from None
+    return url
+
+
+def open_store(url: str, *, namespace: str = "default", **options: Any) -> Store:
+    """A store for ``url``, bound to ``namespace``. Options go to the store class.
+
+    The URL is read and checked here (scheme, host, port, query parameters,
+    option values), so a mistake fails now with :class:`ConfigurationError`,
+    never at the first call.
+    """
+    cls = store_class(check_url(url))
     return cls.from_url(url, namespace=check_namespace(namespace), **options)

@@ -14,12 +14,13 @@ file, instances on many machines can share one sqld.
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import libsql
 
+from ..durations import store_timeout
 from ..errors import ConfigurationError
-from ..urls import redact
+from ..urls import redact, url_options
 from .sqlite import SQLDialectStore
 
 
@@ -40,7 +41,7 @@ class LibSQLStore(SQLDialectStore):
         super().__init__(namespace=namespace)
         self.url = url
         self._auth_token = auth_token or ""
-        self.timeout = timeout
+        self.timeout = store_timeout("timeout", timeout)
         self._create_schema()
 
     @classmethod
@@ -48,15 +49,9 @@ class LibSQLStore(SQLDialectStore):
         parts = urlsplit(url)
         if not parts.hostname:
             raise ConfigurationError(f"libSQL URL {redact(url)!r}: expected a host")
-        query = dict(parse_qsl(parts.query))
-        token = query.pop("authToken", None)
-        if token is not None:
-            options.setdefault("auth_token", token)
-        if query:
-            raise ConfigurationError(
-                f"libSQL URL {redact(url)!r}: unknown option(s) {', '.join(sorted(query))}"
-            )
-        plain = urlunsplit(parts._replace(query=urlencode(query)))
+        for key, value in url_options(url, "libSQL", ("authToken", "timeout")):
+            options.setdefault("auth_token" if key == "authToken" else key, value)
+        plain = urlunsplit(parts._replace(query=""))
         return cls(plain, namespace=namespace, **options)
 
     def _connect(self) -> Any:

@@ -24,6 +24,7 @@ from ..store import (
     RunState,
     Store,
 )
+from ..urls import url_options
 
 
 @dataclass
@@ -49,6 +50,7 @@ class MemoryStore(Store):
     @classmethod
     def from_url(cls, url: str, *, namespace: str, **options: Any) -> MemoryStore:
         """``memory://``: a new, empty store private to this process."""
+        url_options(url, "memory", ())
         return cls(namespace=namespace, **options)
 
     def _state(self, job: str, rec: _Record, now: float) -> JobState:

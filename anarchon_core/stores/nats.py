@@ -64,7 +64,7 @@ import logging
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import urlsplit
 
 import nats.errors
 import nats.js.errors
@@ -73,7 +73,7 @@ from nats.js import api
 from nats.js.kv import KeyValue
 
 from ..clock import Clock, SystemClock
-from ..durations import parse_duration
+from ..durations import store_timeout
 from ..errors import ConfigurationError, StoreUnavailable
 from ..store import (
     HELD_STATES,
@@ -86,7 +86,7 @@ from ..store import (
     RunState,
     Store,
 )
-from ..urls import redact
+from ..urls import redact, scrub, secrets_in, url_options
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -151,7 +151,13 @@ class NatsStore(Store):
         if (client is None) != (loop is None):
             raise ConfigurationError("NatsStore: pass client= together with the loop= it runs on")
         self.servers = [servers] if isinstance(servers, str) else list(servers)
-        self.timeout, self.connect_timeout, self.replicas = timeout, connect_timeout, replicas
+        #: Credentials in the server URLs, kept out of every message.
+        self._secrets = [secret for server in self.servers for secret in secrets_in(server)]
+        if isinstance(replicas, bool) or not isinstance(replicas, int) or not 1 <= replicas <= 5:
+            raise ConfigurationError(f"replicas={replicas!r}: expected a whole number from 1 to 5")
+        self.timeout = store_timeout("timeout", timeout)
+        self.connect_timeout = store_timeout("connect_timeout", connect_timeout)
+        self.replicas = replicas
         self.bucket = bucket_name(self.namespace)
         self._clock = clock or SystemClock()
         self._own_client = client is None
@@ -174,15 +180,22 @@ class NatsStore(Store):
         parts = urlsplit(url)
         if not parts.netloc:
             raise ConfigurationError(f"NATS URL {redact(url)!r}: expected nats://host:port")
-        for key, value in parse_qsl(parts.query, keep_blank_values=True):
-            if key in ("timeout", "connect_timeout"):
-                options.setdefault(key, parse_duration(key, value))
-            elif key == "replicas" and value.isdigit():
+        for key, value in url_options(url, "NATS", ("timeout", "connect_timeout", "replicas")):
+            if key != "replicas":
+                options.setdefault(key, value)
+            elif value.isdigit():
                 options.setdefault(key, int(value))
             else:
-                raise ConfigurationError(f"NATS URL {redact(url)!r}: bad option {key!r}")
+                raise ConfigurationError(
+                    f"NATS URL {redact(url)!r}: replicas={value!r}: expected a whole number"
+                )
         servers = [f"{parts.scheme}://{host}" for host in parts.netloc.split(",")]
         return cls(servers, namespace=namespace, **options)
+
+    def _scrub(self, text: str) -> str:
+        for secret in self._secrets:
+            text = scrub(text, secret)
+        return text
 
     # -- the bridge from synchronous callers to the loop --------------------
 
@@ -203,7 +216,8 @@ class NatsStore(Store):
                 return await asyncio.wait_for(step(), deadline)
             except _UNAVAILABLE as exc:
                 self._kv = None  # look the bucket up again next time: it may have been deleted
-                raise StoreUnavailable(f"NATS {self.bucket}: {type(exc).__name__} {exc}") from exc
+                said = self._scrub(f"{type(exc).__name__} {exc}")
+                raise StoreUnavailable(f"NATS {self.bucket}: {said}") from exc
 
         call = guarded()
         try:
@@ -241,7 +255,7 @@ class NatsStore(Store):
 
     async def _connect(self) -> Client:
         async def note(exc: Exception) -> None:
-            log.debug("anarchon: NATS %s: %s", self.bucket, exc)
+            log.debug("anarchon: NATS %s: %s", self.bucket, self._scrub(str(exc)))
 
         nc = Client()
         # Reconnects go on in the background for ever; with no pending buffer a

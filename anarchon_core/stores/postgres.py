@@ -57,6 +57,7 @@ import math
 import re
 import select
 import threading
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -67,7 +68,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from ..durations import Duration, parse_duration
+from ..durations import Duration, store_timeout
 from ..errors import ConfigurationError, StoreUnavailable
 from ..store import HISTORY, Claim, ClaimRequest, ClaimStatus, JobState, RunRecord, RunState, Store
 from ..urls import redact, scrub
@@ -175,6 +176,47 @@ def _dropped(conn: psycopg.Connection[Any]) -> bool:
     return bool(poller.poll(0))
 
 
+#: The URL options this store reads itself; the others go to libpq.
+_ACCEPTED = "schema, timeout, pool_size"
+_PASSWORD = re.compile(r"(?i)\bpassword\s*=\s*('(?:[^'\\]|\\.)*'|\S+)")
+
+
+def _password_in(conninfo: str) -> str | None:
+    """The password in a conninfo string or URL that libpq could not parse, if any."""
+    try:
+        password = urlsplit(conninfo).password if "://" in conninfo else None
+    except ValueError:
+        password = None
+    found = _PASSWORD.search(conninfo)
+    return password or (found.group(1).strip("'") if found else None)
+
+
+def _recording(store: PostgresStore) -> type[psycopg.Connection[Any]]:
+    """A connection class that keeps what libpq said when a connection failed.
+
+    The pool connects in the background and only logs the error; a caller
+    waiting for a connection would see "couldn't get a connection" alone.
+    """
+    owner = weakref.ref(store)
+
+    class Recording(psycopg.Connection[Any]):
+        @classmethod
+        def connect(cls, *args: Any, **kwargs: Any) -> Any:
+            try:
+                conn = super().connect(*args, **kwargs)
+            except psycopg.Error as exc:
+                found = owner()
+                if found is not None:
+                    found.connect_error = scrub(" ".join(str(exc).split()), found._secret)
+                raise
+            found = owner()
+            if found is not None:
+                found.connect_error = None
+            return conn
+
+    return Recording
+
+
 class PostgresStore(Store):
     """The store contract on PostgreSQL; see the module docstring."""
 
@@ -191,7 +233,7 @@ class PostgresStore(Store):
         super().__init__(namespace=namespace)
         if (conninfo is None) == (pool is None):
             raise ConfigurationError("PostgresStore: give either conninfo or pool")
-        self.timeout = parse_duration("timeout", timeout)
+        self.timeout = store_timeout("timeout", timeout)
         if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 1:
             raise ConfigurationError(f"pool_size={pool_size!r}: expected a whole number >= 1")
         self._secret: str | None = None
@@ -202,9 +244,13 @@ class PostgresStore(Store):
             assert conninfo is not None
             try:
                 params = conninfo_to_dict(conninfo)
-            except psycopg.Error:
-                # libpq's message may quote the string, password included.
-                raise ConfigurationError(f"PostgreSQL conninfo {redact(conninfo)!r}") from None
+            except psycopg.Error as exc:
+                # Not chained, and scrubbed: libpq's message may quote the string.
+                said = scrub(" ".join(str(exc).split()), _password_in(conninfo))
+                raise ConfigurationError(
+                    f"PostgreSQL conninfo {redact(conninfo)!r}: {said} (accepted: {_ACCEPTED}"
+                    " and libpq's connection parameters)"
+                ) from None
             self._secret = str(params.get("password") or "") or None
             host, port = params.get("host", ""), params.get("port", 5432)
             self._where = f"postgresql://{params.get('user', '')}@{host}:{port}/"
@@ -214,6 +260,7 @@ class PostgresStore(Store):
             defaults |= {"keepalives_idle": seconds, "keepalives_interval": 1}
             self._pool = ConnectionPool(
                 make_conninfo(conninfo, **{k: v for k, v in defaults.items() if k not in params}),
+                connection_class=_recording(self),
                 kwargs={"autocommit": True, "prepare_threshold": None},
                 min_size=1,
                 max_size=pool_size,
@@ -244,6 +291,8 @@ class PostgresStore(Store):
         self._lock_key = int.from_bytes(digest[:8], "big", signed=True)
         self._ready = False
         self._ready_lock = threading.Lock()
+        #: What libpq said when the pool last failed to connect (scrubbed), if it did.
+        self.connect_error: str | None = None
         #: How long the next call waits for a pooled connection.
         self._wait = self.timeout
 
@@ -253,6 +302,8 @@ class PostgresStore(Store):
         parts = urlsplit(url)
         libpq = []
         for key, value in parse_qsl(parts.query, keep_blank_values=True):
+            if key in ("schema", "timeout", "pool_size") and not value:
+                raise ConfigurationError(f"PostgreSQL URL {redact(url)!r}: {key} is empty")
             if key == "pool_size":
                 if not value.isdigit():
                     raise ConfigurationError(f"PostgreSQL URL {redact(url)!r}: pool_size={value!r}")
@@ -290,6 +341,9 @@ class PostgresStore(Store):
             # timeout on every call: the engine backs off and decides leases.
             self._wait = min(self.timeout, _DOWN_WAIT)
             message = scrub(str(exc), self._secret)
+            if isinstance(exc, PoolTimeout) and self.connect_error:
+                # "couldn't get a connection" says nothing: say what the server said.
+                message = f"cannot connect: {self.connect_error}"
             raise StoreUnavailable(f"PostgreSQL {self._where}: {message}") from exc
         self._wait = self.timeout
 

@@ -74,7 +74,7 @@ import json
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, urlsplit, urlunsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from amqp import Message
 from amqp.exceptions import (
@@ -86,10 +86,10 @@ from kombu.connection import Connection
 from kombu.exceptions import KombuError
 from kombu.transport.pyamqp import Transport as PyAMQPTransport
 
-from ..durations import Duration, parse_duration
+from ..durations import Duration, parse_duration, store_timeout
 from ..errors import ConfigurationError, StoreUnavailable
 from ..store import Claim, ClaimOnlyStore, ClaimRequest, ClaimStatus, JobState, RunState
-from ..urls import redact, scrub
+from ..urls import redact, scrub, url_options
 from ._lock import CallLock
 
 log = logging.getLogger(__name__)
@@ -120,14 +120,12 @@ class RabbitMQStore(ClaimOnlyStore):
         if (url is None) == (connection is None):
             raise ConfigurationError("RabbitMQStore: pass either url= or connection=")
         self.expires = parse_duration("expires", expires)
-        self.timeout = parse_duration("timeout", timeout)
+        self.timeout = store_timeout("timeout", timeout)
         if self.expires < MIN_EXPIRES:
             raise ConfigurationError(
                 f"expires={expires!r}: a slot's queue must outlive any late claim of it"
                 f" (at least {MIN_EXPIRES:.0f}s; see the RabbitMQ store docs)"
             )
-        if self.timeout <= 0:
-            raise ConfigurationError(f"timeout={timeout!r}: must be positive")
         self._owns = connection is None
         if connection is None:
             assert url is not None
@@ -167,10 +165,8 @@ class RabbitMQStore(ClaimOnlyStore):
     def from_url(cls, url: str, *, namespace: str, **options: Any) -> RabbitMQStore:
         """``amqp://user:password@host:port/vhost?expires=24h&timeout=5s``."""
         parts = urlsplit(url)
-        for key, value in parse_qsl(parts.query, keep_blank_values=True):
-            if key not in ("expires", "timeout"):
-                raise ConfigurationError(f"AMQP URL {redact(url)!r}: unknown option {key!r}")
-            options.setdefault(key, parse_duration(key, value))
+        for key, value in url_options(url, "AMQP", ("expires", "timeout")):
+            options.setdefault(key, value)
         bare = urlunsplit(parts._replace(query=""))
         return cls(url=bare, namespace=namespace, **options)
 
@@ -223,6 +219,10 @@ class RabbitMQStore(ClaimOnlyStore):
                         continue
                     message = scrub(str(exc) or type(exc).__name__, self._password)
                     raise StoreUnavailable(f"RabbitMQ at {self._shown}: {message}") from exc
+
+    def ping(self) -> None:
+        """Connect (credentials and virtual host checked) and open a channel."""
+        self._call(lambda channel: None)
 
     # -- claims -------------------------------------------------------------
 

@@ -2,10 +2,12 @@
 
 URL: ``redis://[[user]:password@]host[:port][/db]``, ``rediss://`` for TLS,
 and ``valkey://`` / ``valkeys://`` alike (Valkey speaks the same protocol;
-the scheme is translated for redis-py). Query options are redis-py's own,
-e.g. ``?socket_timeout=2&socket_connect_timeout=2``; keyword options to
-:meth:`RedisStore.from_url` go to ``redis.Redis.from_url``. Defaults: 3 s to
-connect, 3 s per operation, no driver-level retry (see below).
+the scheme is translated for redis-py). Query options: ``socket_timeout``
+and ``socket_connect_timeout`` (durations, 0.5 s to 5 min),
+``health_check_interval`` (whole seconds) and, for ``rediss://``, redis-py's
+``ssl_*`` options; any other is refused when the store is opened. Keyword
+options to :meth:`RedisStore.from_url` go to ``redis.Redis.from_url``.
+Defaults: 3 s to connect, 3 s per operation, no driver-level retry (see below).
 
 Keys. Every key of a job carries the hash tag ``{<namespace>/<job>}``
 (namespaces cannot contain ``/``, so no two jobs or namespaces share a tag):
@@ -56,7 +58,7 @@ import json
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit, urlunsplit
 
 import redis
 from redis.backoff import NoBackoff
@@ -64,12 +66,27 @@ from redis.commands.core import Script
 from redis.exceptions import NoScriptError, ResponseError
 from redis.retry import Retry
 
+from ..durations import store_timeout
 from ..errors import ConfigurationError, StoreUnavailable
 from ..store import HISTORY, Claim, ClaimRequest, ClaimStatus, JobState, RunRecord, RunState, Store
-from ..urls import redact, scrub
+from ..urls import redact, scrub, url_options
 
 CONNECT_TIMEOUT = 3.0
 OPERATION_TIMEOUT = 3.0
+#: URL options read as durations by the store itself (bounded like every store's).
+_TIMEOUTS = ("socket_timeout", "socket_connect_timeout")
+#: redis-py's TLS options a ``rediss://`` URL may carry.
+_TLS_OPTIONS = [
+    "ssl_keyfile",
+    "ssl_certfile",
+    "ssl_cert_reqs",
+    "ssl_ca_certs",
+    "ssl_ca_path",
+    "ssl_check_hostname",
+    "ssl_password",
+    "ssl_min_version",
+    "ssl_ciphers",
+]
 
 #: Errors that mean "not now": the engine backs off and retries.
 _UNAVAILABLE = (
@@ -213,14 +230,24 @@ class RedisStore(Store):
         """Connect to ``url`` (see the module docstring); the store owns the client."""
         scheme, sep, rest = url.partition("://")
         scheme = {"valkey": "redis", "valkeys": "rediss"}.get(scheme.lower(), scheme.lower())
+        accepted = [*_TIMEOUTS, "health_check_interval"]
+        accepted += _TLS_OPTIONS if scheme == "rediss" else []
+        passed = []
+        for key, value in url_options(url, "Redis", accepted):
+            if key in _TIMEOUTS:
+                options.setdefault(key, store_timeout(key, value))
+            else:
+                passed.append((key, value))
         options.setdefault("socket_connect_timeout", CONNECT_TIMEOUT)
         options.setdefault("socket_timeout", OPERATION_TIMEOUT)
         options.setdefault("retry", Retry(NoBackoff(), 0))
         try:
-            db = urlsplit(url).path.strip("/")
+            parts = urlsplit(f"{scheme}{sep}{rest}")
+            db = parts.path.strip("/")
             if db and not db.isdigit():  # redis-py would quietly use database 0
                 raise ValueError(f"the database must be a number, not {db!r}")
-            client = redis.Redis.from_url(f"{scheme}{sep}{rest}", **options)
+            bare = urlunsplit(parts._replace(query=urlencode(passed)))
+            client = redis.Redis.from_url(bare, **options)
         except ValueError as exc:
             message = scrub(str(exc), urlsplit(url).password)
             # Not chained: the driver's error might quote the URL, password included.

@@ -18,11 +18,12 @@ import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import unquote, urlsplit
 
-from ..durations import parse_duration
+from ..durations import store_timeout
 from ..errors import ConfigurationError, StoreUnavailable
 from ..store import Claim, ClaimRequest, ClaimStatus, JobState, RunRecord, RunState, Store
+from ..urls import url_options
 from . import _sql
 from ._lock import CallLock
 
@@ -176,7 +177,7 @@ class SQLiteStore(SQLDialectStore):
     ) -> None:
         super().__init__(namespace=namespace)
         self.path = path
-        self.busy_timeout = busy_timeout
+        self.busy_timeout = store_timeout("busy_timeout", busy_timeout)
         self._create_schema()
 
     @classmethod
@@ -187,10 +188,8 @@ class SQLiteStore(SQLDialectStore):
                 f"SQLite URL {url!r}: expected sqlite:///relative/path.db"
                 " or sqlite:////absolute/path.db"
             )
-        for key, value in parse_qsl(parts.query, keep_blank_values=True):
-            if key != "busy_timeout":
-                raise ConfigurationError(f"SQLite URL {url!r}: unknown option {key!r}")
-            options.setdefault("busy_timeout", parse_duration(key, value))
+        for key, value in url_options(url, "SQLite", ("busy_timeout",)):
+            options.setdefault(key, value)
         return cls(unquote(parts.path[1:]), namespace=namespace, **options)
 
     def _connect(self) -> sqlite3.Connection:

@@ -113,7 +113,7 @@ def test_a_removed_job_can_be_declared_again(cron: Scheduler) -> None:
 
 
 def test_bad_names_and_handlers(cron: Scheduler) -> None:
-    with pytest.raises(ConfigurationError, match="non-empty"):
+    with pytest.raises(ConfigurationError, match="empty or only spaces"):
         cron.add_job(lambda: None, name="  ", every=10)
     with pytest.raises(ConfigurationError, match="not callable"):
         cron.add_job("print", name="x", every=10)  # type: ignore[arg-type]
