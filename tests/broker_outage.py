@@ -15,12 +15,15 @@ import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from tests import servers
 from tests.pods import Line, Pods, per_slot, slot_seconds
+
+F = TypeVar("F", bound=Pods)
 
 #: The entry's interval, and so its default catch-up window (seconds).
 EVERY = 10
@@ -101,3 +104,25 @@ def across_a_slot(pods: Pods, broker: servers.ServerProcess, job: str) -> Outage
     time.sleep(2)
     pods.stop_all()
     return Outage(pods.starts(job), first, slot, last)
+
+
+def three_pods_across_a_slot(
+    fleet: Callable[..., F],
+    broker: servers.ServerProcess,
+    store: str,
+    worker: Callable[[F, str], None],
+) -> None:
+    """The test of both frameworks: three pods on ``broker``, the outage, each slot run once.
+
+    ``fleet`` makes the framework's pods, ``store`` is the anarchon store's URL, and
+    ``worker(pods, name)`` starts one pod with its scheduler.
+    """
+    pods = fleet(
+        f"redis://127.0.0.1:{broker.port}/0",
+        {"tick": {"every": EVERY, "work": 0.2}},
+        store=store,
+    )
+    for name in ("w1", "w2", "w3"):
+        worker(pods, name)
+    outage = across_a_slot(pods, broker, "tick")
+    outage.check()

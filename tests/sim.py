@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from anarchon_core import Event, FakeClock, Run, Scheduler, SkewedClock, StoreUnavailable
+from anarchon_core.jobs import held_for
 from anarchon_core.store import (
     Claim,
     ClaimRequest,
@@ -578,38 +579,28 @@ class Chaos:
 
         return dispatch
 
+    def _worker_belief(self, msg: Message, now: float, *, deadline: float) -> Belief:
+        """A worker starting on ``msg`` at ``now``: recorded as its belief, until ``deadline``."""
+        msg.belief = Belief(
+            msg.job, msg.slot_id, msg.attempt, msg.token, "worker", now, deadline=deadline
+        )
+        self.beliefs.append(msg.belief)
+        return msg.belief
+
     def _executors(self, now: float) -> None:
         """Workers taking, renewing and finishing dispatched slots (their link never fails)."""
         for msg in self.messages:
             belief = msg.belief
             if belief is None and msg.fate != "lost" and msg.pick_at <= now:
                 if msg.fate == "untracked":  # runs without taking the lease (an older worker)
-                    msg.belief = Belief(
-                        msg.job,
-                        msg.slot_id,
-                        msg.attempt,
-                        msg.token,
-                        "worker",
-                        now,
-                        deadline=now + msg.duration,
-                    )
-                    msg.belief.ended = now + msg.duration
-                    self.beliefs.append(msg.belief)
+                    untracked = self._worker_belief(msg, now, deadline=now + msg.duration)
+                    untracked.ended = now + msg.duration
                     msg.fate = "gone"
                     continue
                 if not self.store.renew(msg.job, msg.token, msg.lease):
                     msg.fate = "gone"  # a later attempt was sent: skipped
                     continue
-                msg.belief = Belief(
-                    msg.job,
-                    msg.slot_id,
-                    msg.attempt,
-                    msg.token,
-                    "worker",
-                    now,
-                    deadline=now + msg.lease * 0.95,
-                )
-                self.beliefs.append(msg.belief)
+                self._worker_belief(msg, now, deadline=now + held_for(msg.lease))
                 msg.next_renew = now + msg.lease / 3
                 msg.done_at = now + (msg.duration if msg.fate == "runs" else msg.duration / 2)
             elif belief is not None and belief.ended is None:
@@ -622,7 +613,7 @@ class Chaos:
                 elif now >= msg.next_renew:
                     sent = now
                     if self.store.renew(msg.job, msg.token, msg.lease):
-                        belief.deadline = sent + msg.lease * 0.95
+                        belief.deadline = sent + held_for(msg.lease)
                         msg.next_renew = now + msg.lease / 3
                     else:
                         belief.ended = now

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests import servers
-from tests.broker_outage import EVERY, across_a_slot, restartable_redis
+from tests.broker_outage import restartable_redis, three_pods_across_a_slot
 from tests.celery.harness import CeleryFleet
 from tests.pods import fleets
 
@@ -37,12 +37,4 @@ def test_a_slot_due_while_the_broker_is_down_runs_once_when_it_is_back(
     fleet: Callable[..., CeleryFleet], broker: servers.ServerProcess, postgres_url: str
 ) -> None:
     """Three beats: the slot is sent again by whichever beat reaches the broker, once."""
-    pods = fleet(
-        f"redis://127.0.0.1:{broker.port}/0",
-        {"tick": {"every": EVERY, "work": 0.2}},
-        store=postgres_url,
-    )
-    for name in ("w1", "w2", "w3"):
-        pods.worker(name)
-    outage = across_a_slot(pods, broker, "tick")
-    outage.check()
+    three_pods_across_a_slot(fleet, broker, postgres_url, lambda pods, name: pods.worker(name))

@@ -13,6 +13,7 @@ which run real ``celery beat`` processes.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import signal
@@ -20,7 +21,7 @@ import subprocess
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,7 @@ from celery.schedules import BaseSchedule, crontab, schedstate, schedule
 
 from anarchon_celery import Scheduler
 from anarchon_celery.schedules import read_entry
-from anarchon_core import ConfigurationError, RunState, open_store
+from anarchon_core import ConfigurationError, RunState, Store, open_store
 from tests.celery.ticking import drive
 from tests.pods import BIN, ROOT
 
@@ -90,6 +91,25 @@ def closing() -> Iterator[list[Scheduler]]:
         scheduler.close()
 
 
+@pytest.fixture
+def recording(closing: list[Scheduler]) -> Callable[..., Recording]:
+    """Makes a :class:`Recording` beat of an app, closed at the end of the test."""
+
+    def make(app: Celery, *, fail_sends: Exception | None = None) -> Recording:
+        scheduler = Recording(app)
+        closing.append(scheduler)
+        if fail_sends is not None:
+            scheduler.fail_sends = fail_sends
+        return scheduler
+
+    return make
+
+
+def dropin_store(app: Celery) -> contextlib.closing[Store]:
+    """The anarchon store of ``app``'s beats, closed when the ``with`` block ends."""
+    return contextlib.closing(open_store(app.conf.anarchon_store, namespace="dropin"))
+
+
 def every_second(**extra: Any) -> dict[str, Any]:
     return {"e": {"task": TASK, "schedule": 1, **extra}}
 
@@ -115,11 +135,8 @@ def test_apply_entry_runs_once_per_slot_and_only_on_the_beat_that_won_it(
     applied = first.applied + second.applied
     ids = [entry.options["task_id"] for _, entry in applied]
     assert len(ids) == len(set(ids)), "an apply_entry ran twice for one slot"
-    store = open_store(app.conf.anarchon_store, namespace="dropin")
-    try:
+    with dropin_store(app) as store:
         owners = {f"e@{r.slot_ms}": r.owner for r in store.history("e")}
-    finally:
-        store.close()
     for instance, entry in applied:
         header = entry.options["headers"]["anarchon"]
         assert header["sent_by"] == instance
@@ -141,7 +158,7 @@ def test_apply_entry_runs_once_per_slot_and_only_on_the_beat_that_won_it(
 
 
 def test_a_patched_apply_entry_sees_each_send_and_may_add_headers(
-    tmp_path: Path, closing: list[Scheduler], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, recording: Callable[..., Recording], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """As Sentry's beat monitoring does: patch beat's apply_entry, read the schedule."""
     seen: list[Any] = []
@@ -153,8 +170,7 @@ def test_a_patched_apply_entry_sees_each_send_and_may_add_headers(
         return original(self, entry, producer=producer)
 
     monkeypatch.setattr(beat.Scheduler, "apply_entry", patched)
-    scheduler = Recording(make_app(tmp_path, every_second()))
-    closing.append(scheduler)
+    scheduler = recording(make_app(tmp_path, every_second()))
     drive([scheduler], lambda: len(scheduler.published) >= 2, timeout=6)
     assert all(isinstance(s, schedule) and s.seconds == 1 for s in seen)
     for *_, options in scheduler.published:
@@ -163,40 +179,30 @@ def test_a_patched_apply_entry_sees_each_send_and_may_add_headers(
 
 
 def test_a_send_that_fails_inside_apply_entry_still_fails_the_slot(
-    tmp_path: Path, closing: list[Scheduler]
+    tmp_path: Path, recording: Callable[..., Recording]
 ) -> None:
     """Beat's apply_entry only logs a failed send: the slot must still end as failed."""
     app = make_app(tmp_path, every_second())
-    scheduler = Recording(app)
-    closing.append(scheduler)
-    scheduler.fail_sends = TypeError("Object of type set is not JSON serializable")
-    store = open_store(app.conf.anarchon_store, namespace="dropin")
-    try:
+    scheduler = recording(app, fail_sends=TypeError("Object of type set is not JSON serializable"))
+    with dropin_store(app) as store:
         drive([scheduler], lambda: len(scheduler.applied) >= 2, timeout=6)
         finished = [r.state for r in store.history("e") if r.ended_at is not None]
-    finally:
-        store.close()
     assert finished, "no slot finished"
     assert set(finished) == {RunState.FAILED}
 
 
 def test_a_send_the_broker_refused_is_sent_again_as_the_next_attempt(
-    tmp_path: Path, closing: list[Scheduler]
+    tmp_path: Path, recording: Callable[..., Recording]
 ) -> None:
     """An unreachable broker fails no slot: it is sent again as the next attempt."""
     # Slots may be sent up to 10 s late: the retries stay within the window.
     app = make_app(tmp_path, every_second(), anarchon_catch_up=10)
-    scheduler = Recording(app)
-    closing.append(scheduler)
-    scheduler.fail_sends = ConnectionError("the broker is gone")
-    store = open_store(app.conf.anarchon_store, namespace="dropin")
-    try:
+    scheduler = recording(app, fail_sends=ConnectionError("the broker is gone"))
+    with dropin_store(app) as store:
         drive([scheduler], lambda: len(scheduler.applied) >= 2, timeout=6)
         scheduler.fail_sends = None  # the broker is back
         drive([scheduler], lambda: len(scheduler.published) >= 1, timeout=6)
         history = store.history("e")
-    finally:
-        store.close()
     ended = {r.state for r in history if r.ended_at is not None}
     assert RunState.FAILED not in ended and RunState.LOST in ended  # taken over, not failed
     sent = scheduler.published[0][3]["headers"]["anarchon"]
@@ -219,11 +225,8 @@ def test_an_apply_entry_that_sends_by_itself_is_called_once_per_slot(
     closing.append(scheduler)
     drive([scheduler], lambda: len(sent) >= 2, timeout=6)
     assert len({e.options["task_id"] for e in sent}) == len(sent)
-    store = open_store(app.conf.anarchon_store, namespace="dropin")
-    try:
+    with dropin_store(app) as store:
         states = {r.state for r in store.history("e")} - {RunState.RUNNING}
-    finally:
-        store.close()
     assert states == {RunState.DONE}
 
 
@@ -231,12 +234,11 @@ def test_an_apply_entry_that_sends_by_itself_is_called_once_per_slot(
 
 
 def test_beat_lazy_func_arguments_are_evaluated_at_each_send(
-    tmp_path: Path, closing: list[Scheduler]
+    tmp_path: Path, recording: Callable[..., Recording]
 ) -> None:
     counter = itertools.count()
     lazy = {"n": BeatLazyFunc(lambda: next(counter))}
-    scheduler = Recording(make_app(tmp_path, every_second(kwargs=lazy)))
-    closing.append(scheduler)
+    scheduler = recording(make_app(tmp_path, every_second(kwargs=lazy)))
     drive([scheduler], lambda: len(scheduler.published) >= 2, timeout=6)
     assert [kwargs for _, _, kwargs, _ in scheduler.published[:2]] == [{"n": 0}, {"n": 1}]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests import servers
-from tests.broker_outage import EVERY, across_a_slot, restartable_redis
+from tests.broker_outage import restartable_redis, three_pods_across_a_slot
 from tests.dramatiq.harness import DramatiqFleet
 from tests.pods import fleets
 
@@ -38,12 +38,6 @@ def test_a_slot_due_while_the_broker_is_down_runs_once_when_it_is_back(
     fleet: Callable[..., DramatiqFleet], broker: servers.ServerProcess, redis_url: str
 ) -> None:
     """Three pods: the slot is sent again by whichever pod reaches the broker, once."""
-    pods = fleet(
-        f"redis://127.0.0.1:{broker.port}/0",
-        {"tick": {"every": EVERY, "work": 0.2}},
-        store=redis_url,
+    three_pods_across_a_slot(
+        fleet, broker, redis_url, lambda pods, name: pods.worker(name, processes=1, threads=2)
     )
-    for name in ("w1", "w2", "w3"):
-        pods.worker(name, processes=1, threads=2)
-    outage = across_a_slot(pods, broker, "tick")
-    outage.check()

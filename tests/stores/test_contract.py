@@ -8,12 +8,19 @@ import time
 
 import pytest
 
-from anarchon_core import ClaimRequest, ClaimStatus, RunState, Store
+from anarchon_core import ClaimRequest, ClaimStatus, JobState, RunState, Store
 from tests.stores.conftest import StoreFactory
 from tests.stores.racer import race
 
 SLOT = 1_700_000_000_000
 NEXT = SLOT + 10_000
+
+
+def _claimed(store: Store, job: str = "job", lease: float = 10, slot: int = SLOT) -> JobState:
+    """``job``'s ``slot``, claimed by ``a`` with a ``lease``: its holder (the claim won)."""
+    holder = store.claim(job, slot, "a", lease).holder
+    assert holder is not None
+    return holder
 
 
 def test_first_claim_wins_attempt_1(store: Store) -> None:
@@ -38,8 +45,7 @@ def test_second_claim_of_the_same_slot_is_taken(store: Store) -> None:
 
 def test_newer_slot_is_busy_while_the_lease_is_live_then_won(lease_store: Store) -> None:
     store = lease_store
-    first = store.claim("job", SLOT, "a", 10).holder
-    assert first is not None
+    first = _claimed(store)
     busy = store.claim("job", NEXT, "b", 10)
     assert busy.status is ClaimStatus.BUSY
     assert busy.holder is not None and busy.holder.slot_ms == SLOT
@@ -58,8 +64,7 @@ def test_older_slot_is_stale(lease_store: Store) -> None:
 
 def test_renew_and_finish_need_the_current_token(lease_store: Store) -> None:
     store = lease_store
-    holder = store.claim("job", SLOT, "a", 10).holder
-    assert holder is not None
+    holder = _claimed(store)
     assert store.renew("job", holder.token, 20)
     state = store.state("job")
     assert state is not None and 19 < state.lease_remaining <= 20
@@ -74,8 +79,7 @@ def test_renew_and_finish_need_the_current_token(lease_store: Store) -> None:
 
 def test_release_lets_a_backup_take_over_at_once(lease_store: Store) -> None:
     store = lease_store
-    holder = store.claim("job", SLOT, "a", 60).holder
-    assert holder is not None
+    holder = _claimed(store, lease=60)
     assert store.takeover("job", SLOT, "b", 10, holder.token).status is ClaimStatus.TAKEN
     assert store.release("job", holder.token)
     released = store.state("job")
@@ -96,8 +100,7 @@ def test_release_lets_a_backup_take_over_at_once(lease_store: Store) -> None:
 
 def test_lease_expiry_by_the_store_clock_allows_a_takeover(lease_store: Store) -> None:
     store = lease_store
-    holder = store.claim("job", SLOT, "a", 0.3).holder
-    assert holder is not None
+    holder = _claimed(store, lease=0.3)
     assert store.takeover("job", SLOT, "b", 10, holder.token).status is ClaimStatus.TAKEN
     time.sleep(0.4)
     state = store.state("job")
@@ -114,8 +117,7 @@ def test_lease_expiry_by_the_store_clock_allows_a_takeover(lease_store: Store) -
 
 def test_a_newer_slot_supersedes_a_lapsed_run_as_abandoned(lease_store: Store) -> None:
     store = lease_store
-    holder = store.claim("job", SLOT, "a", 0.2).holder
-    assert holder is not None
+    _claimed(store, lease=0.2)
     time.sleep(0.3)
     claim = store.claim("job", NEXT, "b", 10)
     assert claim.won
@@ -130,8 +132,7 @@ def test_a_newer_slot_supersedes_a_lapsed_run_as_abandoned(lease_store: Store) -
 
 def test_failed_runs_are_recorded(lease_store: Store) -> None:
     store = lease_store
-    holder = store.claim("job", SLOT, "a", 10).holder
-    assert holder is not None
+    holder = _claimed(store)
     assert store.finish("job", holder.token, RunState.FAILED)
     assert store.history("job")[0].state is RunState.FAILED
     with pytest.raises(ValueError, match="done or failed"):
@@ -149,8 +150,7 @@ def _lapse() -> None:
 
 def test_dispatch_needs_the_current_token_and_a_held_state(lease_store: Store) -> None:
     store = lease_store
-    holder = store.claim("job", SLOT, "a", 10).holder
-    assert holder is not None
+    holder = _claimed(store)
     assert not store.dispatch("job", holder.token + 1, PICKUP)
     assert not store.dispatch("job", holder.token - 1, PICKUP)
     assert not store.dispatch("other", holder.token, PICKUP)
@@ -172,12 +172,10 @@ def test_dispatch_needs_the_current_token_and_a_held_state(lease_store: Store) -
     assert lost.holder is not None and lost.holder.token == holder.token
     assert lost.holder.state is RunState.DISPATCHED
     # Nothing to dispatch once the run ended.
-    ended = store.claim("ended", SLOT, "a", 10).holder
-    assert ended is not None
+    ended = _claimed(store, "ended")
     assert store.finish("ended", ended.token, RunState.DONE)
     assert not store.dispatch("ended", ended.token, PICKUP)
-    released = store.claim("released", SLOT, "a", 10).holder
-    assert released is not None
+    released = _claimed(store, "released")
     assert store.release("released", released.token)
     assert not store.dispatch("released", released.token, PICKUP)
     state = store.state("released")
@@ -186,8 +184,7 @@ def test_dispatch_needs_the_current_token_and_a_held_state(lease_store: Store) -
 
 def test_renewing_a_dispatched_run_picks_it_up(lease_store: Store) -> None:
     store = lease_store
-    holder = store.claim("job", SLOT, "a", 10).holder
-    assert holder is not None
+    holder = _claimed(store)
     assert store.dispatch("job", holder.token, 10)
     assert not store.renew("job", holder.token + 1, PICKUP)
     assert store.renew("job", holder.token, PICKUP)  # the executor's first renewal
@@ -210,8 +207,7 @@ def test_renewing_a_dispatched_run_picks_it_up(lease_store: Store) -> None:
 
 def test_a_newer_slot_is_busy_while_dispatched_then_supersedes_it(lease_store: Store) -> None:
     store = lease_store
-    holder = store.claim("job", SLOT, "a", 10).holder
-    assert holder is not None
+    holder = _claimed(store)
     assert store.dispatch("job", holder.token, PICKUP)
     busy = store.claim("job", NEXT, "b", 10)
     assert busy.status is ClaimStatus.BUSY
@@ -235,8 +231,7 @@ def test_a_newer_slot_is_busy_while_dispatched_then_supersedes_it(lease_store: S
 
 def test_finish_and_release_are_idempotent(lease_store: Store) -> None:
     store = lease_store
-    done = store.claim("done", SLOT, "a", 10).holder
-    assert done is not None
+    done = _claimed(store, "done")
     assert store.finish("done", done.token, RunState.DONE)
     before, history = store.state("done"), store.history("done")
     time.sleep(0.05)
@@ -250,8 +245,7 @@ def test_finish_and_release_are_idempotent(lease_store: Store) -> None:
     assert not store.finish("done", done.token + 1, RunState.DONE)
     assert not store.finish("done", done.token - 1, RunState.DONE)
 
-    released = store.claim("released", SLOT, "a", 10).holder
-    assert released is not None
+    released = _claimed(store, "released")
     assert store.release("released", released.token)
     history = store.history("released")
     assert store.release("released", released.token)
@@ -261,8 +255,7 @@ def test_finish_and_release_are_idempotent(lease_store: Store) -> None:
     assert store.takeover("released", SLOT, "b", 10, released.token).won
     assert not store.release("released", released.token)  # stale once taken over
 
-    failed = store.claim("failed", SLOT, "a", 10).holder
-    assert failed is not None
+    failed = _claimed(store, "failed")
     assert store.dispatch("failed", failed.token, 10)
     assert store.finish("failed", failed.token, RunState.FAILED)  # ended while dispatched
     assert store.finish("failed", failed.token, RunState.FAILED)
@@ -274,8 +267,7 @@ def test_finish_and_release_are_idempotent(lease_store: Store) -> None:
 
 def test_history_keeps_a_dispatched_run_open_until_it_ends(lease_store: Store) -> None:
     store = lease_store
-    holder = store.claim("job", SLOT, "a", 10).holder
-    assert holder is not None
+    holder = _claimed(store)
 
     def latest() -> tuple[int, RunState, bool]:
         run = store.history("job")[0]
@@ -296,8 +288,7 @@ def test_history_keeps_a_dispatched_run_open_until_it_ends(lease_store: Store) -
 
 
 def test_claim_only_stores_accept_a_dispatch(store: Store) -> None:
-    holder = store.claim("job", SLOT, "a", 10).holder
-    assert holder is not None
+    holder = _claimed(store)
     assert store.dispatch("job", holder.token, PICKUP)
     if not store.supports_lease:
         assert store.finish("job", holder.token, RunState.DONE)
@@ -322,8 +313,7 @@ def test_tokens_keep_rising_across_slots(lease_store: Store) -> None:
     store = lease_store
     tokens = []
     for k in range(5):
-        holder = store.claim("job", SLOT + k * 1000, "a", 10).holder
-        assert holder is not None
+        holder = _claimed(store, slot=SLOT + k * 1000)
         tokens.append(holder.token)
         assert store.finish("job", holder.token, RunState.DONE)
     assert tokens == sorted(set(tokens))
@@ -343,8 +333,7 @@ def test_namespaces_are_isolated(make_store: StoreFactory) -> None:
 def test_history_is_bounded(lease_store: Store) -> None:
     store = lease_store
     for k in range(60):
-        holder = store.claim("job", SLOT + k * 1000, "a", 10).holder
-        assert holder is not None
+        holder = _claimed(store, slot=SLOT + k * 1000)
         store.finish("job", holder.token, RunState.DONE)
     history = store.history("job", limit=100)
     assert 40 <= len(history) <= 50
