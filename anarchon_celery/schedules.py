@@ -30,6 +30,7 @@ from celery.beat import ScheduleEntry
 from celery.schedules import BaseSchedule, crontab, schedule, solar
 
 from anarchon_core import ConfigurationError
+from anarchon_core.jobs import check_name
 
 #: Entry options read by anarchon and not passed on to ``apply_async``.
 OVERRIDES = ("lease", "jitter", "catch_up")
@@ -111,6 +112,10 @@ def _read(
 ) -> Entry:
     if not isinstance(name, str) or not name:
         raise ConfigurationError(f"{where}: the entry needs a name")
+    try:
+        check_name(name)  # the entry's name is its job's name in the store
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"{where}: {exc}") from None
     if not isinstance(task, str) or not task:
         raise ConfigurationError(f"{where}: 'task' must name a task")
     every, cron, timezone = _schedule(where, value, app_timezone)

@@ -61,10 +61,11 @@ class EventKind(str, enum.Enum):
     MISSED = ("missed", logging.WARNING)
     #: The store stopped answering, or answered with an error (once per outage).
     STORE_UNAVAILABLE = ("store_unavailable", logging.WARNING)
-    #: The store refused one job's claim with an error while it took the
-    #: others': that job tries again after a back-off (within its catch-up
-    #: window), the other jobs go on.
-    CLAIM_FAILED = ("claim_failed", logging.WARNING)
+    #: The store answered a call about one job with an error while it took the
+    #: same call about the others: that job is tried again (its claims after a
+    #: back-off, within its catch-up window), the other jobs go on. Reported
+    #: once until the store takes that job's calls again.
+    STORE_REFUSED = ("store_refused", logging.WARNING)
     #: The store answers again.
     STORE_RECOVERED = ("store_recovered", logging.INFO)
 
@@ -118,11 +119,12 @@ class Emitter:
         slot: Slot | None = None,
         attempt: int | None = None,
         detail: str = "",
+        job: str | None = None,
     ) -> None:
-        """Report that ``kind`` happened, to ``slot`` (its ``attempt``) if it concerns one."""
+        """Report that ``kind`` happened, to ``slot`` (its ``attempt``) or ``job`` if one."""
         sid = slot.id if slot is not None else None
         event = Event(
-            kind, slot.job if slot is not None else None, sid, attempt, self.instance, detail
+            kind, slot.job if slot is not None else job, sid, attempt, self.instance, detail
         )
         with self._lock:
             self._counts[kind.value] += 1

@@ -115,7 +115,7 @@ class Backup:
 class JobRuntime:
     """What this instance knows of one job: its next slot, its runner and its backup."""
 
-    __slots__ = ("backup", "claim_at", "job", "next_slot", "ready", "removed", "runner")
+    __slots__ = ("backup", "claim_at", "job", "next_slot", "ready", "refused", "removed", "runner")
 
     def __init__(self, job: Job) -> None:
         self.job = job
@@ -128,6 +128,8 @@ class JobRuntime:
         self.ready = False
         #: Removed while a run of it goes on; it goes once that run ends.
         self.removed = False
+        #: The store refused a call about this job alone (reported once until it answers).
+        self.refused = False
 
     @property
     def options(self) -> JobOptions:

@@ -52,6 +52,8 @@ from .store import Claim, ClaimRequest, ClaimStatus, JobState, RunState, Store
 log = logging.getLogger(__name__)
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
+R = TypeVar("R")
 
 #: Back-off after a store error, doubling up to the maximum.
 BACKOFF_MIN, BACKOFF_MAX = 0.1, 2.0
@@ -521,12 +523,14 @@ class Scheduler:
         new = [rt for rt in self._snapshot() if not rt.ready and not rt.removed]
         if not new:
             return
-        states = self.store.states(rt.job.name for rt in new)
+        states = self._per_job(new, new, self._states)
         now = self._now()
-        for rt in new:
+        for rt, found in zip(new, states, strict=True):
+            if isinstance(found, Exception):
+                continue  # placed at a later step, once the store takes this job's read
             rt.ready = True
             previous = rt.slot_at_or_before(now)
-            record = states.get(rt.job.name)
+            record = found
             rt.next_slot = rt.slot_after(now)
             if record is None or previous is None:
                 # A job never seen before starts with its next slot, not a catch-up.
@@ -564,45 +568,57 @@ class Scheduler:
             due.append((rt, slot))
         if not due:
             return
-        requests = [ClaimRequest(rt.job.name, slot.ms, rt.options.lease) for rt, slot in due]
         sent = self._clock.monotonic()
-        try:
-            claims: list[Claim | Exception] = list(self.store.claim_many(requests, self.instance))
-        except StoreUnavailable:
-            raise
-        except Exception as exc:
-            if len(requests) == 1:
-                raise
-            # One job's claim may be what the store refuses (a value it cannot
-            # take): claim one by one, so the other jobs still run.
-            claims = self._claim_each(requests, exc)
-            sent = self._clock.monotonic()
-        for (rt, slot), claim in zip(due, claims, strict=False):
+        claims = self._per_job([rt for rt, _ in due], due, self._claims)
+        for (rt, slot), claim in zip(due, claims, strict=True):
             if isinstance(claim, Exception):
-                self._emit(EventKind.CLAIM_FAILED, slot=slot, detail=_describe(claim))
-                rt.claim_at = now + BACKOFF_MAX
+                rt.claim_at = now + BACKOFF_MAX  # tried again, within its catch-up window
                 continue
             self._advance(rt, slot)
             self._claimed(rt, slot, claim, sent)
 
-    def _claim_each(
-        self, requests: list[ClaimRequest], batch: Exception
-    ) -> list[Claim | Exception]:
-        """Claims of ``requests`` one at a time, each a claim or the error it raised.
+    def _claims(self, due: list[tuple[JobRuntime, Slot]]) -> list[Claim]:
+        requests = [ClaimRequest(rt.job.name, slot.ms, rt.options.lease) for rt, slot in due]
+        return self.store.claim_many(requests, self.instance)
 
-        When every claim fails alike, the store (not a job) is at fault: the
-        batch's error fails the step as any store error does.
+    def _states(self, jobs: list[JobRuntime]) -> list[JobState | None]:
+        states = self.store.states(rt.job.name for rt in jobs)
+        return [states.get(rt.job.name) for rt in jobs]
+
+    def _per_job(
+        self, jobs: list[JobRuntime], items: list[T], call: Callable[[list[T]], list[R]]
+    ) -> list[R | Exception]:
+        """``call(items)`` (item i about ``jobs[i]``), one batch; on an error, one at a time.
+
+        A value one job carries may be what the store refuses: the other jobs
+        then still go on, and that job's own error is reported (once) and given
+        back in its place. An outage (StoreUnavailable), or an error on every
+        item alike, fails the step as any store error does; except for jobs
+        already found refused while others were taken, which fail alone.
         """
-        results: list[Claim | Exception] = []
-        for request in requests:
-            try:
-                results.extend(self.store.claim_many([request], self.instance))
-            except StoreUnavailable:
-                raise
-            except Exception as exc:
-                results.append(exc)
-        if all(isinstance(result, Exception) for result in results):
-            raise batch
+        try:
+            return list(call(items))
+        except StoreUnavailable:
+            raise
+        except Exception as batch:
+            results: list[R | Exception] = []
+            for item in items if len(items) > 1 else []:
+                try:
+                    results.extend(call([item]))
+                except StoreUnavailable:
+                    raise
+                except Exception as exc:
+                    results.append(exc)
+            if len(items) == 1:
+                results = [batch]
+            if all(isinstance(result, Exception) for result in results) and not all(
+                rt.refused for rt in jobs
+            ):
+                raise batch from None
+        for rt, result in zip(jobs, results, strict=True):
+            if isinstance(result, Exception) and not rt.refused:
+                self._emit(EventKind.STORE_REFUSED, job=rt.job.name, detail=_describe(result))
+            rt.refused = isinstance(result, Exception)
         return results
 
     def _claimed(self, rt: JobRuntime, slot: Slot, claim: Claim, sent: float) -> None:
@@ -656,12 +672,11 @@ class Scheduler:
         ]
         if not checked:
             return
-        states = self.store.states(rt.job.name for rt in checked)
-        for rt in checked:
+        states = self._per_job(checked, checked, self._states)
+        for rt, record in zip(checked, states, strict=True):
             backup = rt.backup
-            if backup is None:  # the job was removed meanwhile
+            if backup is None or isinstance(record, Exception):  # removed, or checked later
                 continue
-            record = states.get(rt.job.name)
             verdict = backup.verdict(record, now_mono, rt.options)
             if verdict is Verdict.DROP:
                 rt.backup = None

@@ -1,0 +1,259 @@
+"""Bad input is refused at declaration or open, with a message naming it; no secret leaks.
+
+One test per case a new user hit: a job name no store can keep, URLs that
+opened and failed at the first call, durations that meant busy polling, a
+password in a conninfo error, and ``anarchon status`` exiting 0 on a store it
+could not reach. The same cases on real servers are in
+tests/stores/test_bad_input_servers.py; random inputs in
+tests/stores/test_input_properties.py.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from anarchon_core import (
+    ConfigurationError,
+    Event,
+    Scheduler,
+    open_store,
+    redact,
+)
+from anarchon_core.cli import EXIT_CONFIG, EXIT_EMPTY, EXIT_OK, EXIT_UNREACHABLE, main
+from anarchon_core.store import Claim, ClaimRequest, JobState
+from anarchon_core.stores.memory import MemoryStore
+from anarchon_core.urls import secrets_in
+from tests.servers import free_port
+
+# -- 1. job names -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("nightly\x00", r"character 7 \('\\x00'\) is not printable"),
+        ("sync\udc80", r"character 4 \('\\udc80'\) is not printable"),
+        ("two\nlines", "is not printable"),
+        ("tab\there", "is not printable"),
+        ("zero\u200bwidth", "is not printable"),
+        ("x" * 201, "201 characters, at most 200"),
+        ("   ", "empty or only spaces"),
+        ("", "empty or only spaces"),
+    ],
+)
+def test_a_job_name_no_store_can_keep_is_refused_at_declaration(name: str, message: str) -> None:
+    cron = Scheduler("memory://")
+    with pytest.raises(ConfigurationError, match=message):
+        cron.add_job(lambda: None, name=name, every=10)
+    with pytest.raises(ConfigurationError, match=message):
+        cron.job(every=10, name=name)(lambda: None)
+    assert cron.jobs == {}  # nothing half-registered
+
+
+def test_a_celery_entry_name_follows_the_same_rule() -> None:
+    from anarchon_celery.schedules import read_entry
+
+    with pytest.raises(ConfigurationError, match="is not printable"):
+        read_entry("nightly\x00", {"task": "t", "schedule": 10}, "UTC")
+
+
+@pytest.mark.parametrize("name", ["nightly", "billing:sync-v2", "rapport été", "üñí 👍", "a" * 200])
+def test_printable_names_are_kept(name: str) -> None:
+    assert Scheduler("memory://").add_job(lambda: None, name=name, every=10).name == name
+
+
+class RefusesOneJob(MemoryStore):
+    """A store whose server answers any call naming ``bad`` with an error (not an outage)."""
+
+    def __init__(self, bad: str) -> None:
+        super().__init__()
+        self.bad = bad
+
+    def _refuse(self, jobs: Iterable[str]) -> None:
+        if self.bad in jobs:
+            raise ValueError("the server cannot store this job's name")
+
+    def claim_many(self, requests: Sequence[ClaimRequest], owner: str) -> list[Claim]:
+        self._refuse([r.job for r in requests])
+        return super().claim_many(requests, owner)
+
+    def states(self, jobs: Iterable[str]) -> dict[str, JobState]:
+        names = list(jobs)
+        self._refuse(names)
+        return super().states(names)
+
+
+def test_one_job_the_store_refuses_does_not_stop_the_others() -> None:
+    store = RefusesOneJob(bad="poisoned")
+    events: list[Event] = []
+    ran: list[str] = []
+    both = threading.Event()
+    cron = Scheduler(store, instance="a", listener=events.append)
+    for name in ("healthy", "poisoned", "other"):
+        cron.add_job(
+            lambda run, name=name: (ran.append(name), len(set(ran)) == 2 and both.set()),
+            name=name,
+            every=1,
+            jitter=0,
+        )
+    cron.start()
+    try:
+        assert both.wait(5), f"ran: {ran}"
+    finally:
+        cron.stop()
+    assert set(ran) == {"healthy", "other"}
+    refused = [e for e in events if e.kind == "store_refused"]
+    assert refused and {e.job for e in refused} == {"poisoned"}
+    assert len(refused) == 1  # once, not at every step
+    assert "cannot store this job's name" in refused[0].detail
+    assert not [e for e in events if e.kind == "store_unavailable"]
+
+
+def test_an_error_on_every_job_alike_is_a_store_failure() -> None:
+    class RefusesAll(MemoryStore):
+        def states(self, jobs: Iterable[str]) -> dict[str, JobState]:
+            raise ValueError("READONLY You can't write against a read only replica")
+
+    events: list[Event] = []
+    cron = Scheduler(RefusesAll(), instance="a", listener=events.append)
+    for name in ("one", "two"):
+        cron.add_job(lambda: None, name=name, every=1)
+    cron.run_pending()
+    assert [e.kind for e in events] == ["store_unavailable"]
+    assert "READONLY" in events[0].detail
+
+
+# -- 2. URLs ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("redis://127.0.0.1/0?foo=bar", r"unknown option 'foo' \(accepted: socket_timeout, "),
+        ("valkey://127.0.0.1/0?db=3", r"unknown option 'db' \(accepted: "),
+        ("rediss://127.0.0.1/0?ssl_nope=1", r"unknown option 'ssl_nope' \(accepted: .*ssl_ca"),
+        ("redis://127.0.0.1/0?health_check_interval=often", "health_check_interval"),
+        ("nats://127.0.0.1:4222?retries=3", r"'retries' \(accepted: timeout, connect_timeout"),
+        ("nats://127.0.0.1:4222?replicas=seven", "replicas='seven'"),
+        ("amqp://guest:pw@127.0.0.1//?heartbeat=10", r"'heartbeat' \(accepted: expires, timeout"),
+        ("sqlite:///jobs.db?timeout=3", r"'timeout' \(accepted: busy_timeout\)"),
+        ("http://127.0.0.1:8080?auth_token=x", r"'auth_token' \(accepted: authToken, timeout"),
+        ("memory://?size=3", r"unknown option 'size' \(accepted: none\)"),
+        ("postgresql://127.0.0.1/test?foo=bar", r'invalid URI query parameter: "foo"'),
+        ("redis://[::1", "Invalid IPv6 URL"),
+        ("redis://:pw@127.0.0.1:99999/0", "Port out of range"),
+        ("nats://127.0.0.1:port", "Port could not be cast"),
+        ("redis://127.0.0.1/0 ", "whitespace or control characters"),
+        ("redis://127.0.0.1/\x000", "whitespace or control characters"),
+    ],
+)
+def test_a_url_is_checked_when_the_store_is_opened(url: str, message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message) as info:
+        open_store(url)
+    assert "pw" not in str(info.value).replace("pwd", "")
+
+
+def test_a_malformed_url_is_named_redacted() -> None:
+    with pytest.raises(ConfigurationError) as info:
+        open_store("redis://admin:s3cr3t@[::1/0")
+    assert str(info.value) == "store URL 'redis://admin:***@[::1/0': Invalid IPv6 URL"
+
+
+# -- 3. durations ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"lease": 1e-9}, r"lease=1e-09s: must be between 1s and 86400s"),
+        ({"lease": "2d"}, r"lease=172800s: must be between 1s and 86400s"),
+        ({"watch": 1e-9}, r"watch=1e-09s: must be between 0.05s and 3600s"),
+        ({"watch": 0}, r"watch=0s: must be between"),
+        ({"lease": 3, "renew": 0.001}, r"renew=0.001s: must be at least 0.1s"),
+    ],
+)
+def test_durations_that_mean_busy_polling_are_refused(
+    options: dict[str, Any], message: str
+) -> None:
+    cron = Scheduler("memory://")
+    with pytest.raises(ConfigurationError, match=message):
+        cron.add_job(lambda: None, name="job", every=10, **options)
+    assert cron.jobs == {}
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://127.0.0.1/0?socket_timeout=0.001",
+        "redis://127.0.0.1/0?socket_connect_timeout=1h",
+        "postgresql://127.0.0.1/test?timeout=10ms",
+        "nats://127.0.0.1:4222?timeout=0",
+        "nats://127.0.0.1:4222?connect_timeout=0.1",
+        "amqp://127.0.0.1//?timeout=0.2",
+        "sqlite:///x.db?busy_timeout=0",
+        "http://127.0.0.1:1?timeout=0.01",
+    ],
+)
+def test_store_timeouts_are_bounded(url: str) -> None:
+    with pytest.raises(ConfigurationError, match=r"must be between 0.5s and 300s"):
+        open_store(url)
+
+
+# -- 5. secrets -----------------------------------------------------------------
+
+
+def test_a_password_in_a_conninfo_string_is_never_in_the_error() -> None:
+    from anarchon_core.stores.postgres import PostgresStore
+
+    with pytest.raises(ConfigurationError) as info:
+        PostgresStore(conninfo="host=127.0.0.1 password=s3cr3t bogus")
+    message = str(info.value)
+    assert "s3cr3t" not in message
+    assert "'host=127.0.0.1 password=*** bogus'" in message
+    assert 'missing "=" after "bogus"' in message  # what libpq said
+
+
+@pytest.mark.parametrize(
+    ("dsn", "shown", "secrets"),
+    [
+        ("postgresql://u:s3cr3t@h:5432/db", "postgresql://u:***@h:5432/db", ["s3cr3t"]),
+        ("host=h password=s3cr3t dbname=x", "host=h password=*** dbname=x", ["s3cr3t"]),
+        ("host=h password = 's3 cr3t' x=1", "host=h password = *** x=1", ["s3 cr3t"]),
+        ("redis://:s3cr3t@[::1", "redis://:***@[::1", ["s3cr3t"]),
+        ("redis://u:p,q@h/0", "redis://u:***@h/0", ["p,q"]),
+        ("nats://tok3n@h1:4222,u:s3cr3t@h2", "nats://***@h1:4222,u:***@h2", ["tok3n", "s3cr3t"]),
+        ("https://h?authToken=tok3n&timeout=3", "https://h?authToken=***&timeout=3", ["tok3n"]),
+        ("amqp://guest:s%40cret@mq//", "amqp://guest:***@mq//", ["s%40cret"]),
+        ("redis://h:6379/0", "redis://h:6379/0", []),
+    ],
+)
+def test_every_dsn_form_is_redacted(dsn: str, shown: str, secrets: list[str]) -> None:
+    assert redact(dsn) == shown
+    assert secrets_in(dsn) == secrets
+
+
+# -- 6. status exit codes --------------------------------------------------------
+
+
+def test_status_exit_codes_tell_the_cases_apart(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = f"sqlite:///{tmp_path / 'jobs.db'}"
+    assert main(["status", "--store", db]) == EXIT_EMPTY
+    store = open_store(db)
+    store.claim("sync", 1_700_000_000_000, "host:1", 30)
+    store.close()
+    assert main(["status", "--store", db]) == EXIT_OK
+    assert main(["status", "--store", db, "--namespace", "other"]) == EXIT_EMPTY
+    assert main(["status", "--store", "redis://127.0.0.1/0?foo=1"]) == EXIT_CONFIG
+    capsys.readouterr()
+    closed = f"redis://:s3cr3t@127.0.0.1:{free_port()}/0?socket_connect_timeout=1"
+    assert main(["status", "--store", closed]) == EXIT_UNREACHABLE
+    err = capsys.readouterr().err
+    assert "cannot reach the store redis://:***@127.0.0.1:" in err
+    assert "s3cr3t" not in err
