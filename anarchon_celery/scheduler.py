@@ -79,9 +79,11 @@ class Scheduler(celery_beat.Scheduler):  # type: ignore[misc]
         self.settings: BeatSettings | None = None
         self._entries: EntryJobs | None = None
         self._lock = threading.RLock()
-        self._steps = Steps(close=self.close)
+        self._steps = Steps(close=self.close, lock=self._lock)
         self._sending: _Sending | None = None
         self._parent = os.getppid()
+        #: close() ran: beat is stopping (set again to False by a new setup).
+        self._closed = False
         #: A loop interval the user chose (Celery's class default of 300 s is not one).
         self._max_interval_setting = max_interval or app.conf.beat_max_loop_interval
         super().__init__(app, schedule, max_interval, *args, lazy=lazy, **kwargs)
@@ -110,6 +112,7 @@ class Scheduler(celery_beat.Scheduler):  # type: ignore[misc]
     def _setup(self) -> None:
         # A second setup replaces the first: its engine, store and thread must not linger.
         self._teardown()
+        self._closed = False
         self._parent = os.getppid()
         settings = self.settings = read_settings(self.app, self._max_interval_setting)
         # As stock beat: beat_schedule, then Celery's default entries (backend_cleanup).
@@ -155,6 +158,12 @@ class Scheduler(celery_beat.Scheduler):  # type: ignore[misc]
         """Claim and send whatever is due; return the seconds beat may sleep."""
         engine = self.engine
         if engine is None:
+            if self._closed:
+                # Beat's SIGTERM/SIGINT handler closed this scheduler, and its
+                # SystemExit did not end beat's loop: raised while the main thread
+                # ran a finalizer, it is only printed ("Exception ignored"). A
+                # closed scheduler ends the loop itself.
+                raise SystemExit(0)
             return float(self.max_interval)
         if _embedded and os.getppid() != self._parent:
             # The worker that started this beat (-B) is gone: a beat must not outlive its pod.
@@ -182,6 +191,7 @@ class Scheduler(celery_beat.Scheduler):  # type: ignore[misc]
             return
         stepped = self._lock.acquire(timeout=STEP_WAIT)
         try:
+            self._closed = True
             self._teardown(hand_over=stepped)
         finally:
             if stepped:

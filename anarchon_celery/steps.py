@@ -23,11 +23,13 @@ class Steps:
     """Marks the scheduling step under way; holds signals and ``close()`` back until it ends.
 
     ``close`` is the scheduler's close, called when a step ends if it was
-    asked for inside the step.
+    asked for inside the step; ``lock`` is the lock a step holds while it
+    uses the store.
     """
 
-    def __init__(self, close: Callable[[], None]) -> None:
+    def __init__(self, close: Callable[[], None], lock: Any) -> None:
         self._close = close
+        self._lock = lock
         self._stepping: int | None = None
         self._close_pending = False
         self._deferred: list[tuple[int, FrameType | None]] = []
@@ -35,8 +37,17 @@ class Steps:
 
     @property
     def inside(self) -> bool:
-        """Whether the calling thread is inside a step."""
-        return self._stepping == threading.get_ident()
+        """Whether the calling thread is inside a step, holding the store's lock.
+
+        Both, not the mark alone: a signal whose handler raised SystemExit on
+        the step's first or last line leaves the mark set with no step under
+        way, and a close deferred to that step's end would never come.
+        """
+        return self._stepping == threading.get_ident() and self._holds_lock()
+
+    def _holds_lock(self) -> bool:
+        is_owned = getattr(self._lock, "_is_owned", None)  # RLock's, as Condition uses it
+        return bool(is_owned()) if is_owned is not None else True
 
     def close_after(self) -> None:
         """Close the scheduler once the step under way ends."""

@@ -10,6 +10,7 @@ on a 1 s grid.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -240,3 +241,35 @@ def test_the_worker_holds_the_lease_and_finishes_the_slot(
     celery_app.tasks["periodic.record"].apply_async(task_id=again, headers={"anarchon": slot})
     assert wait_for(lambda: AsyncResult(again, app=celery_app).state == "REVOKED", 5)
     assert runs.seen == []
+
+
+def test_beat_stops_once_its_scheduler_closed_even_if_the_signals_exit_is_lost(
+    celery_app: Celery, store_url: str
+) -> None:
+    # Beat's SIGTERM handler closes the scheduler (service.sync()), then raises
+    # SystemExit to end the loop. Raised while the main thread runs a finalizer,
+    # that SystemExit is only printed ("Exception ignored") and beat would sleep
+    # on, unscheduled, until killed. Here the handler's first half runs alone.
+    configure(celery_app, store_url, {"record": {"task": "periodic.record", "schedule": 1.0}})
+    service = beat.Service(celery_app, scheduler_cls=celery_app.conf.beat_scheduler)
+    loop = threading.Thread(target=service.start, daemon=True)
+    loop.start()
+    assert wait_for(lambda: getattr(service.scheduler, "engine", None) is not None, 5)
+    service.sync()  # what the handler does before its SystemExit
+    loop.join(5)
+    assert not loop.is_alive(), "beat kept looping after its scheduler was closed"
+    assert service._is_shutdown.is_set()
+
+
+def test_close_is_not_deferred_to_a_step_that_a_signal_cut_short(
+    celery_app: Celery, store_url: str
+) -> None:
+    # A SIGTERM whose handler raised SystemExit on a step's first or last line
+    # leaves the step's mark set with no step under way: beat's final close()
+    # must still close (hand over, release the store), not wait for that step.
+    configure(celery_app, store_url, {"record": {"task": "periodic.record", "schedule": 1.0}})
+    scheduler = beat_scheduler(celery_app)
+    assert scheduler.engine is not None
+    scheduler._steps._stepping = threading.get_ident()  # the mark a cut step leaves
+    scheduler.close()
+    assert scheduler.engine is None
