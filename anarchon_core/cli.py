@@ -67,6 +67,9 @@ def run_status(url: str, namespace: str, out: TextIO, err: TextIO, *, prog: str)
     """
     try:
         store = open_store(url, namespace=namespace)
+    except StoreUnavailable as exc:  # a store that connects when opened (SQLite)
+        print(f"{prog}: cannot reach the store {redact(url)}: {exc}", file=err)
+        return EXIT_UNREACHABLE
     except AnarchonError as exc:
         print(f"{prog}: {exc}", file=err)
         return EXIT_CONFIG

@@ -42,7 +42,8 @@ class LibSQLStore(SQLDialectStore):
         self.url = url
         self._auth_token = auth_token or ""
         self.timeout = store_timeout("timeout", timeout)
-        self._create_schema()
+        # No call here: like the other network stores, the first call connects
+        # (an unreachable server is then an outage the engine rides out).
 
     @classmethod
     def from_url(cls, url: str, *, namespace: str, **options: Any) -> LibSQLStore:

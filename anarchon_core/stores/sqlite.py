@@ -44,6 +44,8 @@ class SQLDialectStore(Store):
         super().__init__(namespace=namespace)
         self._calls = CallLock()
         self._conn: Any = None
+        #: The tables and triggers exist (created by the first call otherwise).
+        self._ready = False
 
     def _connect(self) -> Any:
         raise NotImplementedError
@@ -59,6 +61,8 @@ class SQLDialectStore(Store):
     def _transaction(self, write: bool = True) -> Iterator[Any]:
         with self._calls.held():
             try:
+                if not self._ready:
+                    self._setup(self._begin(True))
                 conn = self._begin(write)
                 try:
                     yield conn
@@ -155,14 +159,24 @@ class SQLDialectStore(Store):
             return [row[0] for row in conn.execute(_sql.JOBS, (self.namespace,)).fetchall()]
 
     def _create_schema(self) -> None:
-        """Create the tables and triggers if they do not exist yet; update an older trigger."""
-        with self._transaction() as conn:
+        """Create the tables and triggers now (else the first call does)."""
+        with self._transaction():
+            pass
+
+    def _setup(self, conn: Any) -> None:
+        """In a write transaction: create missing tables and triggers; update an older trigger."""
+        try:
             for statement in _sql.SCHEMA:
                 conn.execute(statement)
             row = conn.execute(_sql.TRIGGER_SQL, ("anarchon_run_end",)).fetchone()
             if row is not None and _sql.RUN_END_MARK not in row[0]:
                 conn.execute("DROP TRIGGER anarchon_run_end")
                 conn.execute(_sql.RUN_END)
+        except BaseException:
+            conn.rollback()
+            raise
+        conn.commit()
+        self._ready = True
 
     def close(self) -> None:
         """Close the connection; one still in use is closed when its call ends."""
