@@ -184,4 +184,12 @@ def open_store(url: str, *, namespace: str = "default", **options: Any) -> Store
     never at the first call.
     """
     cls = store_class(check_url(url))
-    return cls.from_url(url, namespace=check_namespace(namespace), **options)
+    namespace = check_namespace(namespace)
+    try:
+        return cls.from_url(url, namespace=namespace, **options)
+    except ConfigurationError as exc:
+        shown = redact(url)
+        if shown in str(exc) or shown.split("?")[0] in str(exc):
+            raise
+        # An option's value (``?timeout=zz``): say which URL it came from.
+        raise ConfigurationError(f"store URL {shown!r}: {exc}") from None
