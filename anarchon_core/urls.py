@@ -39,7 +39,7 @@ _SECRET_NAME = r"[\w-]*(?:token|password|passwd|secret|key)[\w-]*"  # noqa: S105
 _SECRET_QUERY = re.compile(rf"(?i)([?&;]{_SECRET_NAME}=)([^&;#]*)")
 #: A libpq-style ``key=value`` pair holding a secret: ``password='s3 cr3t'``.
 _SECRET_PAIR = re.compile(rf"(?i)(\b{_SECRET_NAME}\s*=\s*)('(?:[^'\\]|\\.)*'?|\S*)")
-_URL = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<netloc>[^/?#]*)(?P<rest>.*)$", re.S)
+_URL = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<after>.*)$", re.S)
 #: Schemes whose user part alone (``nats://TOKEN@host``) is a secret.
 _TOKEN_IN_USER = {"nats", "tls", "ws", "wss"}
 
@@ -75,9 +75,19 @@ def _redact(url: str, found: list[str]) -> str:
     match = _URL.match(url)
     if match is None:  # a libpq connection string, or not a URL at all
         return _SECRET_PAIR.sub(hide, url)
-    scheme = match["scheme"].lower()
+    scheme, after = match["scheme"].lower(), match["after"]
+    # The host part ends at the first '/', '?' or '#' after the last '@': a
+    # password may hold those characters unencoded (the URL is then refused,
+    # but its message must not show them). An '@' in a query value makes this
+    # hide too much, never too little.
+    at = after.rfind("@")
+    end = len(after)
+    for delimiter in "/?#":
+        found_at = after.find(delimiter, at + 1)
+        if found_at != -1:
+            end = min(end, found_at)
+    netloc, rest = after[:end], after[end:]
     # Only NATS takes several hosts; elsewhere a comma may be part of a password.
-    netloc = match["netloc"]
     hosts = []
     for host in netloc.split(",") if scheme in _TOKEN_IN_USER else [netloc]:
         user, at, address = host.rpartition("@")
@@ -91,7 +101,7 @@ def _redact(url: str, found: list[str]) -> str:
                 user = "***"
             host = f"{user}@{address}"
         hosts.append(host)
-    rest = _SECRET_QUERY.sub(hide, match["rest"])
+    rest = _SECRET_QUERY.sub(hide, rest)
     return f"{match['scheme']}://{','.join(hosts)}{rest}"
 
 
@@ -166,13 +176,25 @@ def check_url(url: object) -> str:
         raise ConfigurationError(
             f"store URL {redact(url)!r}: contains whitespace or control characters"
         )
+    unencoded = (
+        f"store URL {redact(url)!r}: percent-encode '@', '/', '?' and '#' in user names"
+        " and passwords (%40, %2F, %3F, %23); a store URL has no '#' fragment"
+    )
+    after = url.partition("://")[2]
+    if any(ch in after[: max(0, after.rfind("@"))] for ch in "/?#"):
+        raise ConfigurationError(unencoded)  # before a parser quotes a piece of it
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018 - reading it checks it
         parse_qsl(parts.query, keep_blank_values=True, strict_parsing=False)
     except ValueError as exc:
-        # Not chained: the parser's error may quote the URL, secret included.
-        raise ConfigurationError(f"store URL {redact(url)!r}: {exc}") from None
+        # Not chained, and scrubbed: the parser's error may quote the URL's secret.
+        said = str(exc)
+        for secret in secrets_in(url):
+            said = scrub(said, secret)
+        raise ConfigurationError(f"store URL {redact(url)!r}: {said}") from None
+    if "#" in url:
+        raise ConfigurationError(unencoded)
     return url
 
 

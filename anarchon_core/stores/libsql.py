@@ -41,6 +41,7 @@ class LibSQLStore(SQLDialectStore):
         super().__init__(namespace=namespace)
         self.url = url
         self._auth_token = auth_token or ""
+        self._secrets = [auth_token] if auth_token else []
         self.timeout = store_timeout("timeout", timeout)
         # No call here: like the other network stores, the first call connects
         # (an unreachable server is then an outage the engine rides out).

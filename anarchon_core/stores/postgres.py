@@ -71,7 +71,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from ..durations import Duration, store_timeout
 from ..errors import ConfigurationError, StoreUnavailable
 from ..store import HISTORY, Claim, ClaimRequest, ClaimStatus, JobState, RunRecord, RunState, Store
-from ..urls import redact, scrub
+from ..urls import redact, scrub, secrets_in
 
 #: Seconds a call waits for a connection once the server was seen away.
 _DOWN_WAIT = 1.0
@@ -178,17 +178,6 @@ def _dropped(conn: psycopg.Connection[Any]) -> bool:
 
 #: The URL options this store reads itself; the others go to libpq.
 _ACCEPTED = "schema, timeout, pool_size"
-_PASSWORD = re.compile(r"(?i)\bpassword\s*=\s*('(?:[^'\\]|\\.)*'|\S+)")
-
-
-def _password_in(conninfo: str) -> str | None:
-    """The password in a conninfo string or URL that libpq could not parse, if any."""
-    try:
-        password = urlsplit(conninfo).password if "://" in conninfo else None
-    except ValueError:
-        password = None
-    found = _PASSWORD.search(conninfo)
-    return password or (found.group(1).strip("'") if found else None)
 
 
 def _recording(store: PostgresStore) -> type[psycopg.Connection[Any]]:
@@ -246,7 +235,9 @@ class PostgresStore(Store):
                 params = conninfo_to_dict(conninfo)
             except psycopg.Error as exc:
                 # Not chained, and scrubbed: libpq's message may quote the string.
-                said = scrub(" ".join(str(exc).split()), _password_in(conninfo))
+                said = " ".join(str(exc).split())
+                for secret in secrets_in(conninfo):
+                    said = scrub(said, secret)
                 raise ConfigurationError(
                     f"PostgreSQL conninfo {redact(conninfo)!r}: {said} (accepted: {_ACCEPTED}"
                     " and libpq's connection parameters)"

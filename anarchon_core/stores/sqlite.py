@@ -23,7 +23,7 @@ from urllib.parse import unquote, urlsplit
 from ..durations import store_timeout
 from ..errors import ConfigurationError, StoreUnavailable
 from ..store import Claim, ClaimRequest, ClaimStatus, JobState, RunRecord, RunState, Store
-from ..urls import url_options
+from ..urls import scrub, url_options
 from . import _sql
 from ._lock import CallLock
 
@@ -44,6 +44,8 @@ class SQLDialectStore(Store):
         super().__init__(namespace=namespace)
         self._calls = CallLock()
         self._conn: Any = None
+        #: Credentials to keep out of every message.
+        self._secrets: list[str] = []
         #: The tables and triggers exist (created by the first call otherwise).
         self._ready = False
 
@@ -72,7 +74,10 @@ class SQLDialectStore(Store):
                 conn.commit()
             except self._unavailable as exc:
                 self._drop_connection()
-                raise StoreUnavailable(f"{type(self).__name__}: {exc}") from exc
+                said = str(exc)
+                for secret in self._secrets:  # a server's message may quote a token
+                    said = scrub(said, secret)
+                raise StoreUnavailable(f"{type(self).__name__}: {said}") from exc
 
     def _drop_connection(self) -> None:
         conn, self._conn = self._conn, None

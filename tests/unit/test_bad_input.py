@@ -150,6 +150,9 @@ def test_an_error_on_every_job_alike_is_a_store_failure() -> None:
         ("nats://127.0.0.1:port", "Port could not be cast"),
         ("redis://127.0.0.1/0 ", "whitespace or control characters"),
         ("redis://127.0.0.1/\x000", "whitespace or control characters"),
+        ("redis://:pw#x@127.0.0.1/0", "percent-encode '@', '/', '\\?' and '#'"),
+        ("nats://pw/x@127.0.0.1:4222", "percent-encode"),
+        ("redis://127.0.0.1/0#db", "no '#' fragment"),
     ],
 )
 def test_a_url_is_checked_when_the_store_is_opened(url: str, message: str) -> None:
