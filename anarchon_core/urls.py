@@ -23,6 +23,14 @@ SCHEMES: dict[str, tuple[str, str | None]] = {
     "rediss": ("anarchon_core.stores.redis:RedisStore", "redis"),
     "valkey": ("anarchon_core.stores.redis:RedisStore", "valkey"),
     "valkeys": ("anarchon_core.stores.redis:RedisStore", "valkey"),
+    "redis+cluster": ("anarchon_core.stores.redis:RedisStore", "redis"),
+    "rediss+cluster": ("anarchon_core.stores.redis:RedisStore", "redis"),
+    "valkey+cluster": ("anarchon_core.stores.redis:RedisStore", "valkey"),
+    "valkeys+cluster": ("anarchon_core.stores.redis:RedisStore", "valkey"),
+    "redis+sentinel": ("anarchon_core.stores.redis:RedisStore", "redis"),
+    "rediss+sentinel": ("anarchon_core.stores.redis:RedisStore", "redis"),
+    "valkey+sentinel": ("anarchon_core.stores.redis:RedisStore", "valkey"),
+    "valkeys+sentinel": ("anarchon_core.stores.redis:RedisStore", "valkey"),
     "postgresql": ("anarchon_core.stores.postgres:PostgresStore", "postgres"),
     "postgres": ("anarchon_core.stores.postgres:PostgresStore", "postgres"),
     "libsql": ("anarchon_core.stores.libsql:LibSQLStore", "libsql"),
@@ -185,7 +193,8 @@ def check_url(url: object) -> str:
         raise ConfigurationError(unencoded)  # before a parser quotes a piece of it
     try:
         parts = urlsplit(url)
-        parts.port  # noqa: B018 - reading it checks it
+        for host in parts.netloc.rpartition("@")[2].split(","):  # NATS, Cluster, Sentinel
+            urlsplit(f"//{host}").port  # noqa: B018 - reading it checks it
         parse_qsl(parts.query, keep_blank_values=True, strict_parsing=False)
     except ValueError as exc:
         # Not chained, and scrubbed: the parser's error may quote the URL's secret.

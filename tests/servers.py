@@ -63,6 +63,22 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def free_cluster_port() -> int:
+    """A free port whose cluster bus port (10,000 higher) is free too: Redis Cluster needs both."""
+    import random
+
+    for _ in range(200):
+        port = random.randint(20000, 45000)
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 10000))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no free pair of ports for a Redis Cluster node")
+
+
 def port_open(port: int, host: str = "127.0.0.1", timeout: float = 0.5) -> bool:
     try:
         with socket.create_connection((host, port), timeout=timeout):
@@ -365,3 +381,99 @@ def start_postgres(bindir: Path, name: str) -> ServerProcess:
         argv, port, name=name, ready=ready, workdir=datadir, stop_signal=signal.SIGINT
     )
     return process.start(timeout=60)
+
+
+def start_redis_cluster(
+    binary: str, datadir: Path, primaries: int = 3, replicas: int = 0
+) -> list[ServerProcess]:
+    """A Redis Cluster of ``primaries`` nodes on loopback, its hash slots split evenly.
+
+    With ``replicas``, that many more nodes follow the first primary, in that
+    order after the primaries in the list returned.
+    """
+    import redis
+
+    nodes: list[ServerProcess] = []
+    try:
+        for n in range(primaries + replicas):
+            port = free_cluster_port()
+            home = datadir / f"node-{n}"
+            home.mkdir(parents=True, exist_ok=True)
+            argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+            argv += ["--appendonly", "no", "--dir", str(home), "--cluster-enabled", "yes"]
+            argv += ["--cluster-config-file", str(home / "nodes.conf")]
+            argv += ["--cluster-node-timeout", "2000"]
+            nodes.append(ServerProcess(argv, port, name=f"cluster-{n}").start())
+        clients = [redis.Redis(port=node.port) for node in nodes]
+        for node in nodes[1:]:
+            clients[0].execute_command("CLUSTER", "MEET", "127.0.0.1", node.port)
+        share = 16384 // primaries
+        for n, client in enumerate(clients[:primaries]):
+            last = 16383 if n == primaries - 1 else (n + 1) * share - 1
+            client.execute_command("CLUSTER", "ADDSLOTSRANGE", n * share, last)
+
+        def formed() -> bool:
+            return all(
+                b"cluster_state:ok" in client.execute_command("CLUSTER", "INFO")
+                and len(client.execute_command("CLUSTER", "NODES").splitlines())
+                == primaries + replicas
+                for client in clients[:primaries]
+            )
+
+        wait_until(formed, 30, "the Redis Cluster to form")
+        first = clients[0].execute_command("CLUSTER", "MYID")
+
+        def follows(client: redis.Redis) -> bool:
+            try:  # "Unknown node" until the replica heard of the primary
+                return bool(client.execute_command("CLUSTER", "REPLICATE", first))
+            except redis.ResponseError:
+                return False
+
+        for client in clients[primaries:]:
+            wait_until(lambda client=client: follows(client), 30, "a replica to follow")
+            wait_until(
+                lambda client=client: client.info("replication").get("master_link_status") == "up",
+                30,
+                "a replica to catch up",
+            )
+        for client in clients:
+            client.close()
+    except BaseException:
+        for node in nodes:
+            node.stop()
+        raise
+    return nodes
+
+
+def start_redis_sentinel(binary: str, datadir: Path) -> tuple[list[ServerProcess], ServerProcess]:
+    """A primary and a replica watched by one sentinel (quorum 1), master name ``anarchon``.
+
+    Returns ([primary, replica], sentinel).
+    """
+    servers: list[ServerProcess] = []
+    try:
+        primary = start_redis_like(binary, "sentinel-primary", datadir)
+        servers.append(primary)
+        replica_dir = datadir / "replica"
+        replica_dir.mkdir(parents=True, exist_ok=True)
+        port = free_port()
+        argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+        argv += ["--appendonly", "no", "--dir", str(replica_dir)]
+        argv += ["--replicaof", "127.0.0.1", str(primary.port)]
+        servers.append(ServerProcess(argv, port, name="sentinel-replica").start())
+        sentinel_port = free_port()
+        conf = datadir / "sentinel.conf"
+        conf.write_text(
+            f"port {sentinel_port}\nbind 127.0.0.1\ndir {datadir}\n"
+            f"sentinel monitor anarchon 127.0.0.1 {primary.port} 1\n"
+            "sentinel down-after-milliseconds anarchon 1000\n"
+            "sentinel failover-timeout anarchon 5000\n"
+        )
+        sentinel = ServerProcess(
+            [binary, str(conf), "--sentinel"], sentinel_port, name="sentinel"
+        ).start()
+    except BaseException:
+        for server in servers:
+            server.stop()
+        raise
+    return servers, sentinel

@@ -54,17 +54,20 @@ Caveats:
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
-from urllib.parse import urlencode, urlsplit, urlunsplit
+from urllib.parse import unquote, urlencode, urlsplit, urlunsplit
 
 import redis
 from redis.backoff import NoBackoff
+from redis.cluster import ClusterNode, RedisCluster
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError, ResponseError
 from redis.retry import Retry
+from redis.sentinel import Sentinel
 
 from ..durations import store_timeout
 from ..errors import ConfigurationError, StoreUnavailable
@@ -96,6 +99,11 @@ _UNAVAILABLE = (
     redis.exceptions.ClusterDownError,
     redis.exceptions.TryAgainError,
     redis.exceptions.OutOfMemoryError,
+    # Cluster: keys moved to another primary (failover, resharding), no node for a slot.
+    redis.exceptions.MovedError,
+    redis.exceptions.AskError,
+    redis.exceptions.SlotNotCoveredError,
+    redis.exceptions.MasterDownError,
 )
 
 #: Shared by every script: reads the server clock and the record first.
@@ -207,6 +215,74 @@ def _run(job: str, run: dict[str, Any]) -> RunRecord:
     )
 
 
+def _hosts(parts: Any) -> list[tuple[str, int]]:
+    """The ``host:port`` pairs of a URL's comma-separated host part."""
+    netloc = parts.netloc.rpartition("@")[2]
+    pairs = []
+    for host in netloc.split(","):
+        name, _, port = host.rpartition(":") if not host.endswith("]") else (host, "", "")
+        if not name:
+            name, port = port, ""
+        if port and not port.isdigit():
+            raise ValueError(f"port {port!r} is not a number")
+        pairs.append((name.strip("[]") or "localhost", int(port or 6379)))
+    return pairs
+
+
+def _credentials(parts: Any) -> dict[str, Any]:
+    userinfo, at, _ = parts.netloc.rpartition("@")
+    if not at:
+        return {}
+    user, colon, password = userinfo.partition(":")
+    found = {"username": unquote(user) or None} if user else {}
+    if colon:
+        found["password"] = unquote(password)
+    return found
+
+
+def _cluster_client(parts: Any, query: list[tuple[str, str]], options: dict[str, Any]) -> Any:
+    """``redis+cluster://[user:password@]host:port[,host:port...]``: any node(s) of the cluster."""
+    if parts.path.strip("/") not in ("", "0"):
+        raise ValueError("Redis Cluster has one database, 0")
+    extra: dict[str, Any] = {k: int(v) if k == "health_check_interval" else v for k, v in query}
+    if parts.scheme == "rediss":
+        extra["ssl"] = True
+    nodes = [ClusterNode(host, port) for host, port in _hosts(parts)]  # type: ignore[no-untyped-call]
+    return RedisCluster(
+        startup_nodes=nodes,
+        **_credentials(parts),
+        **extra,
+        **options,  # retry: none; errors surface at once, the engine retries the step
+    )
+
+
+def _sentinel_client(parts: Any, query: list[tuple[str, str]], options: dict[str, Any]) -> Any:
+    """``redis+sentinel://[user:password@]host:26379[,host:port...]/MASTER[/db]``."""
+    path = [p for p in parts.path.split("/") if p]
+    if not path or len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
+        raise ValueError("expected the master's name, and a database number: /mymaster/0")
+    extra: dict[str, Any] = dict(query)
+    sentinel_password = extra.pop("sentinel_password", None)
+    if "health_check_interval" in extra:
+        extra["health_check_interval"] = int(extra["health_check_interval"])
+    timeouts = {k: options[k] for k in _TIMEOUTS if k in options}
+    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+        _hosts(parts),
+        sentinel_kwargs={"password": sentinel_password, **timeouts},
+        **timeouts,
+    )
+    client = sentinel.master_for(  # type: ignore[no-untyped-call]
+        unquote(path[0]),
+        db=int(path[1]) if len(path) == 2 else 0,
+        ssl=parts.scheme == "rediss",
+        **_credentials(parts),
+        **extra,
+        **options,
+    )
+    client._anarchon_sentinel = sentinel
+    return client
+
+
 class RedisStore(Store):
     """The store contract on a Redis or Valkey server. See the module docstring.
 
@@ -214,11 +290,18 @@ class RedisStore(Store):
     timeouts) or build one with :meth:`from_url`.
     """
 
-    def __init__(self, *, client: redis.Redis, namespace: str = "default") -> None:
+    def __init__(self, *, client: redis.Redis | RedisCluster, namespace: str = "default") -> None:
         super().__init__(namespace=namespace)
         self.client = client
         self._owns_client = False
-        kw = client.connection_pool.connection_kwargs
+        #: On Redis Cluster, each step's scripts go to the primary of their keys'
+        #: hash slot: one pipeline per primary (cluster pipelines refuse scripts).
+        self._cluster = isinstance(client, RedisCluster)
+        if isinstance(client, RedisCluster):
+            node = client.get_default_node()  # type: ignore[no-untyped-call]
+            kw = node.redis_connection.connection_pool.connection_kwargs if node else {}
+        else:
+            kw = client.connection_pool.connection_kwargs
         self._where = f"redis://{kw.get('host', 'localhost')}:{kw.get('port', 6379)}"
         self._password: str | None = kw.get("password")
         self._claim_script = client.register_script(_COMMON + _CLAIM)
@@ -229,9 +312,11 @@ class RedisStore(Store):
     def from_url(cls, url: str, *, namespace: str, **options: Any) -> RedisStore:
         """Connect to ``url`` (see the module docstring); the store owns the client."""
         scheme, sep, rest = url.partition("://")
-        scheme = {"valkey": "redis", "valkeys": "rediss"}.get(scheme.lower(), scheme.lower())
+        scheme = scheme.lower().replace("valkey", "redis")
+        scheme, _, mode = scheme.partition("+")
         accepted = [*_TIMEOUTS, "health_check_interval"]
         accepted += _TLS_OPTIONS if scheme == "rediss" else []
+        accepted += ["sentinel_password"] if mode == "sentinel" else []
         passed = []
         for key, value in url_options(url, "Redis", accepted):
             if key in _TIMEOUTS:
@@ -243,11 +328,16 @@ class RedisStore(Store):
         options.setdefault("retry", Retry(NoBackoff(), 0))
         try:
             parts = urlsplit(f"{scheme}{sep}{rest}")
-            db = parts.path.strip("/")
-            if db and not db.isdigit():  # redis-py would quietly use database 0
-                raise ValueError(f"the database must be a number, not {db!r}")
-            bare = urlunsplit(parts._replace(query=urlencode(passed)))
-            client = redis.Redis.from_url(bare, **options)
+            if mode == "cluster":
+                client: redis.Redis | RedisCluster = _cluster_client(parts, passed, options)
+            elif mode == "sentinel":
+                client = _sentinel_client(parts, passed, options)
+            else:
+                db = parts.path.strip("/")
+                if db and not db.isdigit():  # redis-py would quietly use database 0
+                    raise ValueError(f"the database must be a number, not {db!r}")
+                bare = urlunsplit(parts._replace(query=urlencode(passed)))
+                client = redis.Redis.from_url(bare, **options)
         except ValueError as exc:
             message = scrub(str(exc), urlsplit(url).password)
             # Not chained: the driver's error might quote the URL, password included.
@@ -266,6 +356,10 @@ class RedisStore(Store):
             busy = str(exc).startswith("BUSY")
             if not isinstance(exc, _UNAVAILABLE) and not busy:
                 raise
+            if isinstance(self.client, RedisCluster):
+                # The next step asks the cluster where each hash slot lives now.
+                with contextlib.suppress(Exception):
+                    self.client.nodes_manager.initialize()
             message = scrub(str(exc), self._password)
             raise StoreUnavailable(f"Redis at {self._where}: {message}") from exc
 
@@ -273,26 +367,53 @@ class RedisStore(Store):
         tag = f"anarchon:{{{self.namespace}/{job}}}"
         return [f"{tag}:rec", f"{tag}:runs"]
 
+    def _servers(self, jobs: Sequence[str]) -> list[tuple[redis.Redis, list[int]]]:
+        """The server of each job's keys, with the indexes of ``jobs`` it holds.
+
+        One server (the client) outside a cluster; on a cluster, the primary
+        of each hash slot's keys, so that each gets one pipeline.
+        """
+        client = self.client
+        if not isinstance(client, RedisCluster):
+            return [(client, list(range(len(jobs))))]
+        by_node: dict[str, tuple[redis.Redis, list[int]]] = {}
+        for i, job in enumerate(jobs):
+            node = client.get_node_from_key(self._keys(job)[0])  # type: ignore[no-untyped-call]
+            connection = client.get_redis_connection(node)
+            by_node.setdefault(node.name, (connection, []))[1].append(i)
+        return list(by_node.values())
+
     def _run_scripts(
         self, script: Script, calls: Sequence[tuple[str, list[Any]]], names: Sequence[str] = ()
     ) -> list[Any]:
-        """One pipeline: an SADD of ``names``, then ``script`` once per (job, args)."""
+        """An SADD of ``names``, then ``script`` once per (job, args): one pipeline per server."""
+        results: list[Any] = [None] * len(calls)
         with self._guard():
-            pipe = self.client.pipeline(transaction=False)
-            if names:
-                pipe.sadd(f"anarchon:{{{self.namespace}}}:jobs", *names)
-            for job, args in calls:
-                pipe.evalsha(script.sha, 2, *self._keys(job), *args)
-            results = pipe.execute(raise_on_error=False)[1 if names else 0 :]
-            for i, result in enumerate(results):
-                if isinstance(result, NoScriptError):
-                    # Flushed or restarted server; the script did not run. Script
-                    # loads itself and sends it again.
+            if names and self._cluster:
+                self.client.sadd(self._jobs_key, *names)  # its own hash slot
+            for server, indexes in self._servers([job for job, _ in calls]):
+                pipe = server.pipeline(transaction=False)
+                add = bool(names) and not self._cluster
+                if add:
+                    pipe.sadd(self._jobs_key, *names)
+                for i in indexes:
                     job, args = calls[i]
-                    results[i] = script(self._keys(job), args, client=self.client)
-                elif isinstance(result, Exception):
-                    raise result
-            return list(results)
+                    pipe.evalsha(script.sha, 2, *self._keys(job), *args)
+                replies = pipe.execute(raise_on_error=False)[1 if add else 0 :]
+                for i, result in zip(indexes, replies, strict=True):
+                    if isinstance(result, NoScriptError):
+                        # Flushed or restarted server; the script did not run. Script
+                        # loads itself and sends it again.
+                        job, args = calls[i]
+                        result = script(self._keys(job), args, client=server)
+                    elif isinstance(result, Exception):
+                        raise result
+                    results[i] = result
+        return results
+
+    @property
+    def _jobs_key(self) -> str:
+        return f"anarchon:{{{self.namespace}}}:jobs"
 
     def _claim(self, job: str, reply: list[Any]) -> Claim:
         status = ClaimStatus(_text(reply[0]))
@@ -333,18 +454,19 @@ class RedisStore(Store):
         if not names:
             return {}
         fields = ("slot", "owner", "attempt", "token", "state", "expires")
+        found: dict[str, JobState] = {}
         with self._guard():
-            pipe = self.client.pipeline(transaction=False)
-            pipe.time()  # on the same server, just before the records are read
-            for job in names:
-                pipe.hmget(self._keys(job)[0], fields)
-            (seconds, micros), *records = pipe.execute()
-        now_ms = int(seconds) * 1000 + int(micros) // 1000
-        return {
-            job: _job_state(job, *rec[:5], int(rec[5]) - now_ms)
-            for job, rec in zip(names, records, strict=True)
-            if rec[0] is not None
-        }
+            for server, indexes in self._servers(names):
+                pipe = server.pipeline(transaction=False)
+                pipe.time()  # on the same server, just before its records are read
+                for i in indexes:
+                    pipe.hmget(self._keys(names[i])[0], fields)
+                (seconds, micros), *records = pipe.execute()
+                now_ms = int(seconds) * 1000 + int(micros) // 1000
+                for i, rec in zip(indexes, records, strict=True):
+                    if rec[0] is not None:
+                        found[names[i]] = _job_state(names[i], *rec[:5], int(rec[5]) - now_ms)
+        return {job: found[job] for job in names if job in found}
 
     def history(self, job: str, limit: int = 20) -> list[RunRecord]:
         if limit <= 0:
@@ -355,17 +477,23 @@ class RedisStore(Store):
 
     def jobs(self) -> list[str]:
         with self._guard():
-            members = self.client.smembers(f"anarchon:{{{self.namespace}}}:jobs")
+            members = self.client.smembers(self._jobs_key)
             names = sorted(_text(name) for name in members)
-            pipe = self.client.pipeline(transaction=False)
-            for job in names:
-                pipe.exists(self._keys(job)[0])
-            found = pipe.execute()
-        return [job for job, exists in zip(names, found, strict=True) if exists]
+            exists = [False] * len(names)
+            for server, indexes in self._servers(names):
+                pipe = server.pipeline(transaction=False)
+                for i in indexes:
+                    pipe.exists(self._keys(names[i])[0])
+                for i, found in zip(indexes, pipe.execute(), strict=True):
+                    exists[i] = bool(found)
+        return [job for job, found in zip(names, exists, strict=True) if found]
 
     def close(self) -> None:
         if self._owns_client:
             self.client.close()
+            sentinel = getattr(self, "_sentinel", None)
+            for server in sentinel.sentinels if sentinel is not None else []:
+                server.close()
 
     def __repr__(self) -> str:
         return f"<RedisStore {self._where} namespace={self.namespace!r}>"
