@@ -25,14 +25,20 @@ def parse_duration(name: str, value: float | int | str | timedelta) -> float:
     if isinstance(value, timedelta):
         seconds = value.total_seconds()
     elif isinstance(value, (int, float)):
-        seconds = float(value)
+        try:
+            seconds = float(value)
+        except OverflowError:
+            raise ConfigurationError(f"{name}={value!r}: too large for a duration") from None
     elif isinstance(value, str):
         match = _DURATION.match(value)
         if not match:
             raise ConfigurationError(
                 f"{name}={value!r}: expected a duration such as 10, '30s', '5m', '1h' or '2d'"
             )
-        seconds = float(match.group(1)) * _UNITS[match.group(2) or "s"]
+        try:
+            seconds = float(match.group(1)) * _UNITS[match.group(2) or "s"]
+        except OverflowError:
+            raise ConfigurationError(f"{name}={value!r}: too large for a duration") from None
     else:
         raise ConfigurationError(f"{name}={value!r}: expected a duration in seconds")
     if seconds != seconds or seconds < 0 or seconds == float("inf"):

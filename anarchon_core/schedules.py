@@ -42,6 +42,8 @@ from anarchon_core.errors import ConfigurationError
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _NAIVE_EPOCH = datetime(1970, 1, 1)
 _US, _MS = timedelta(microseconds=1), timedelta(milliseconds=1)
+#: The longest interval of an ``every=`` schedule: slots stay within the calendar.
+MAX_INTERVAL = timedelta(days=366)
 _SECOND = 1_000_000
 _DAY = 86_400 * _SECOND
 _FIELDS = ("minute", "hour", "day-of-month", "month", "day-of-week", "second")
@@ -118,9 +120,17 @@ class Every:
             raise ConfigurationError(f"{label}: the interval must be whole milliseconds")
         if not isinstance(self.anchor, datetime) or self.anchor.utcoffset() is None:
             raise ConfigurationError(f"{label}: anchor= must be a timezone-aware datetime")
-        if (self.anchor - EPOCH) % _MS:
-            raise ConfigurationError(f"{label}: anchor= must be on a whole millisecond")
-        object.__setattr__(self, "anchor", self.anchor.astimezone(timezone.utc))
+        if self.interval > MAX_INTERVAL:
+            raise ConfigurationError(f"{label}: intervals over 366 days are not supported")
+        try:
+            if (self.anchor - EPOCH) % _MS:
+                raise ConfigurationError(f"{label}: anchor= must be on a whole millisecond")
+            anchor = self.anchor.astimezone(timezone.utc)
+        except OverflowError:
+            raise ConfigurationError(
+                f"{label}: anchor={self.anchor!r} is too close to the calendar's ends"
+            ) from None
+        object.__setattr__(self, "anchor", anchor)
 
     def _floor(self, x: int) -> int:
         origin, step = (self.anchor - EPOCH) // _US, self.interval // _US

@@ -40,6 +40,10 @@ class LibSQLStore(SQLDialectStore):
     ) -> None:
         super().__init__(namespace=namespace)
         self.url = url
+        if auth_token and not (auth_token.isascii() and auth_token.isprintable()):
+            raise ConfigurationError(
+                "libSQL authToken: expected printable ASCII (it is sent in an HTTP header)"
+            )
         self._auth_token = auth_token or ""
         self._secrets = [auth_token] if auth_token else []
         self.timeout = store_timeout("timeout", timeout)

@@ -183,7 +183,7 @@ class NatsStore(Store):
         for key, value in url_options(url, "NATS", ("timeout", "connect_timeout", "replicas")):
             if key != "replicas":
                 options.setdefault(key, value)
-            elif value.isdigit():
+            elif value.isascii() and value.isdigit():
                 options.setdefault(key, int(value))
             else:
                 raise ConfigurationError(

@@ -180,6 +180,52 @@ def _dropped(conn: psycopg.Connection[Any]) -> bool:
 _ACCEPTED = "schema, timeout, pool_size"
 
 
+#: libpq parameters with a fixed set of values, and those that take whole numbers:
+#: checked when the store is opened (libpq would refuse them only when connecting).
+_LIBPQ_CHOICES = {
+    "sslmode": ("disable", "allow", "prefer", "require", "verify-ca", "verify-full"),
+    "gssencmode": ("disable", "prefer", "require"),
+    "channel_binding": ("disable", "prefer", "require"),
+    "target_session_attrs": (
+        "any",
+        "read-write",
+        "read-only",
+        "primary",
+        "standby",
+        "prefer-standby",
+    ),
+    "load_balance_hosts": ("disable", "random"),
+}
+#: The largest value each takes (the operating system's, for the TCP options).
+_LIBPQ_INTEGERS = {
+    "port": 65535,
+    "connect_timeout": 2**31 - 1,
+    "keepalives": 1,
+    "keepalives_idle": 32767,
+    "keepalives_interval": 32767,
+    "keepalives_count": 127,
+    "tcp_user_timeout": 2**31 - 1,
+}
+
+
+def _check_libpq_values(conninfo: str, params: dict[str, Any]) -> None:
+    for key, value in params.items():
+        text = str(value)
+        choices = _LIBPQ_CHOICES.get(key)
+        if choices is not None and text not in choices:
+            expected = f"one of {', '.join(choices)}"
+        elif key in _LIBPQ_INTEGERS and not all(
+            part.isascii() and part.isdigit() and int(part) <= _LIBPQ_INTEGERS[key]
+            for part in text.split(",")
+        ):
+            expected = f"a whole number from 0 to {_LIBPQ_INTEGERS[key]}"
+        else:
+            continue
+        raise ConfigurationError(
+            f"PostgreSQL conninfo {redact(conninfo)!r}: {key}={text!r}: expected {expected}"
+        )
+
+
 def _recording(store: PostgresStore) -> type[psycopg.Connection[Any]]:
     """A connection class that keeps what libpq said when a connection failed.
 
@@ -242,6 +288,7 @@ class PostgresStore(Store):
                     f"PostgreSQL conninfo {redact(conninfo)!r}: {said} (accepted: {_ACCEPTED}"
                     " and libpq's connection parameters)"
                 ) from None
+            _check_libpq_values(conninfo, params)
             self._secret = str(params.get("password") or "") or None
             host, port = params.get("host", ""), params.get("port", 5432)
             self._where = f"postgresql://{params.get('user', '')}@{host}:{port}/"
@@ -296,7 +343,7 @@ class PostgresStore(Store):
             if key in ("schema", "timeout", "pool_size") and not value:
                 raise ConfigurationError(f"PostgreSQL URL {redact(url)!r}: {key} is empty")
             if key == "pool_size":
-                if not value.isdigit():
+                if not (value.isascii() and value.isdigit()):
                     raise ConfigurationError(f"PostgreSQL URL {redact(url)!r}: pool_size={value!r}")
                 options.setdefault(key, int(value))
             elif key in ("schema", "timeout"):
@@ -339,6 +386,19 @@ class PostgresStore(Store):
         self._wait = self.timeout
 
     def _create_schema(self, conn: psycopg.Connection[Any]) -> None:
+        try:
+            self._create_schema_now(conn)
+        except _UNAVAILABLE:
+            raise
+        except psycopg.Error as exc:
+            # A schema= that does not exist, a role that may not create tables:
+            # the server's answer, told as an outage the engine rides out.
+            said = scrub(" ".join(str(exc).split()), self._secret)
+            raise StoreUnavailable(
+                f"PostgreSQL {self._where}: cannot create the store's tables: {said}"
+            ) from exc
+
+    def _create_schema_now(self, conn: psycopg.Connection[Any]) -> None:
         with self._ready_lock:
             # An older version's function (an existing database) is replaced.
             if self._ready or conn.execute(self._is_current).fetchone():

@@ -97,6 +97,8 @@ log = logging.getLogger(__name__)
 DEFAULT_EXPIRES = 24 * 3600.0
 DEFAULT_TIMEOUT = 5.0
 MIN_EXPIRES = 60.0
+#: The longest a slot's queue may be kept (seconds): a year.
+MAX_EXPIRES = 365 * 86400.0
 
 #: What the driver raises when the broker is unreachable, slow or gone.
 _UNAVAILABLE = (OSError, AMQPError, KombuError)
@@ -121,6 +123,11 @@ class RabbitMQStore(ClaimOnlyStore):
             raise ConfigurationError("RabbitMQStore: pass either url= or connection=")
         self.expires = parse_duration("expires", expires)
         self.timeout = store_timeout("timeout", timeout)
+        if self.expires > MAX_EXPIRES:
+            raise ConfigurationError(
+                f"expires={expires!r}: at most {MAX_EXPIRES / 86400:.0f} days (RabbitMQ's limit"
+                " for a queue's expiry is 3650 days)"
+            )
         if self.expires < MIN_EXPIRES:
             raise ConfigurationError(
                 f"expires={expires!r}: a slot's queue must outlive any late claim of it"

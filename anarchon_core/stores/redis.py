@@ -56,7 +56,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterable, Iterator, Sequence
+import os
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 from urllib.parse import unquote, urlencode, urlsplit, urlunsplit
@@ -104,6 +105,7 @@ _UNAVAILABLE = (
     redis.exceptions.AskError,
     redis.exceptions.SlotNotCoveredError,
     redis.exceptions.MasterDownError,
+    redis.exceptions.RedisClusterException,  # e.g. no node of the cluster answers
 )
 
 #: Shared by every script: reads the server clock and the record first.
@@ -215,6 +217,21 @@ def _run(job: str, run: dict[str, Any]) -> RunRecord:
     )
 
 
+def _check_tls_option(url: str, key: str, value: str) -> None:
+    """Refuse a TLS option value redis-py would only reject at the first connection."""
+    problem = ""
+    if key == "ssl_cert_reqs" and value not in ("none", "optional", "required"):
+        problem = "expected none, optional or required"
+    elif key in ("ssl_keyfile", "ssl_certfile", "ssl_ca_certs") and not os.path.isfile(value):
+        problem = "no such file"
+    elif key == "ssl_ca_path" and not os.path.isdir(value):
+        problem = "no such directory"
+    elif key == "health_check_interval" and not (value.isascii() and value.isdigit()):
+        problem = "expected whole seconds"
+    if problem:
+        raise ConfigurationError(f"Redis URL {redact(url)!r}: {key}={value!r}: {problem}")
+
+
 def _hosts(parts: Any) -> list[tuple[str, int]]:
     """The ``host:port`` pairs of a URL's comma-separated host part."""
     netloc = parts.netloc.rpartition("@")[2]
@@ -223,7 +240,7 @@ def _hosts(parts: Any) -> list[tuple[str, int]]:
         name, _, port = host.rpartition(":") if not host.endswith("]") else (host, "", "")
         if not name:
             name, port = port, ""
-        if port and not port.isdigit():
+        if port and not (port.isascii() and port.isdigit()):
             raise ValueError(f"port {port!r} is not a number")
         pairs.append((name.strip("[]") or "localhost", int(port or 6379)))
     return pairs
@@ -240,17 +257,24 @@ def _credentials(parts: Any) -> dict[str, Any]:
     return found
 
 
-def _cluster_client(parts: Any, query: list[tuple[str, str]], options: dict[str, Any]) -> Any:
-    """``redis+cluster://[user:password@]host:port[,host:port...]``: any node(s) of the cluster."""
+def _cluster_client(
+    parts: Any, query: list[tuple[str, str]], options: dict[str, Any]
+) -> Callable[[], RedisCluster]:
+    """``redis+cluster://[user:password@]host:port[,host:port...]``: any node(s) of the cluster.
+
+    Checked now; connected by the store's first call (a cluster client reads
+    the cluster's layout when it is built).
+    """
     if parts.path.strip("/") not in ("", "0"):
         raise ValueError("Redis Cluster has one database, 0")
     extra: dict[str, Any] = {k: int(v) if k == "health_check_interval" else v for k, v in query}
     if parts.scheme == "rediss":
         extra["ssl"] = True
     nodes = [ClusterNode(host, port) for host, port in _hosts(parts)]  # type: ignore[no-untyped-call]
-    return RedisCluster(
+    credentials = _credentials(parts)
+    return lambda: RedisCluster(
         startup_nodes=nodes,
-        **_credentials(parts),
+        **credentials,
         **extra,
         **options,  # retry: none; errors surface at once, the engine retries the step
     )
@@ -259,7 +283,8 @@ def _cluster_client(parts: Any, query: list[tuple[str, str]], options: dict[str,
 def _sentinel_client(parts: Any, query: list[tuple[str, str]], options: dict[str, Any]) -> Any:
     """``redis+sentinel://[user:password@]host:26379[,host:port...]/MASTER[/db]``."""
     path = [p for p in parts.path.split("/") if p]
-    if not path or len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
+    db = path[1] if len(path) == 2 else "0"
+    if not path or len(path) > 2 or not (db.isascii() and db.isdigit()):
         raise ValueError("expected the master's name, and a database number: /mymaster/0")
     extra: dict[str, Any] = dict(query)
     sentinel_password = extra.pop("sentinel_password", None)
@@ -273,7 +298,7 @@ def _sentinel_client(parts: Any, query: list[tuple[str, str]], options: dict[str
     )
     client = sentinel.master_for(  # type: ignore[no-untyped-call]
         unquote(path[0]),
-        db=int(path[1]) if len(path) == 2 else 0,
+        db=int(db),
         ssl=parts.scheme == "rediss",
         **_credentials(parts),
         **extra,
@@ -290,23 +315,43 @@ class RedisStore(Store):
     timeouts) or build one with :meth:`from_url`.
     """
 
-    def __init__(self, *, client: redis.Redis | RedisCluster, namespace: str = "default") -> None:
+    def __init__(
+        self,
+        *,
+        client: redis.Redis | RedisCluster | None = None,
+        namespace: str = "default",
+        connect: Callable[[], RedisCluster] | None = None,
+    ) -> None:
         super().__init__(namespace=namespace)
-        self.client = client
+        if (client is None) == (connect is None):
+            raise ConfigurationError("RedisStore: pass either client= or connect=")
+        self._client = client
+        self._connect = connect
         self._owns_client = False
         #: On Redis Cluster, each step's scripts go to the primary of their keys'
         #: hash slot: one pipeline per primary (cluster pipelines refuse scripts).
-        self._cluster = isinstance(client, RedisCluster)
+        self._cluster = isinstance(client, RedisCluster) or connect is not None
+        kw: dict[str, Any] = {}
         if isinstance(client, RedisCluster):
             node = client.get_default_node()  # type: ignore[no-untyped-call]
             kw = node.redis_connection.connection_pool.connection_kwargs if node else {}
-        else:
+        elif client is not None:
             kw = client.connection_pool.connection_kwargs
         self._where = f"redis://{kw.get('host', 'localhost')}:{kw.get('port', 6379)}"
         self._password: str | None = kw.get("password")
-        self._claim_script = client.register_script(_COMMON + _CLAIM)
-        self._takeover_script = client.register_script(_COMMON + _TAKEOVER)
-        self._held_script = client.register_script(_COMMON + _HELD)
+        # Scripts know their SHA without a connection (an unconnected client encodes).
+        encoder = client if client is not None else redis.Redis()
+        self._claim_script = Script(encoder, _COMMON + _CLAIM)
+        self._takeover_script = Script(encoder, _COMMON + _TAKEOVER)
+        self._held_script = Script(encoder, _COMMON + _HELD)
+
+    @property
+    def client(self) -> redis.Redis | RedisCluster:
+        """The client; a cluster's is built (and reads the cluster's layout) at first use."""
+        if self._client is None:
+            assert self._connect is not None
+            self._client = self._connect()
+        return self._client
 
     @classmethod
     def from_url(cls, url: str, *, namespace: str, **options: Any) -> RedisStore:
@@ -322,19 +367,22 @@ class RedisStore(Store):
             if key in _TIMEOUTS:
                 options.setdefault(key, store_timeout(key, value))
             else:
+                _check_tls_option(url, key, value)
                 passed.append((key, value))
         options.setdefault("socket_connect_timeout", CONNECT_TIMEOUT)
         options.setdefault("socket_timeout", OPERATION_TIMEOUT)
         options.setdefault("retry", Retry(NoBackoff(), 0))
         try:
             parts = urlsplit(f"{scheme}{sep}{rest}")
+            connect = None
             if mode == "cluster":
-                client: redis.Redis | RedisCluster = _cluster_client(parts, passed, options)
+                connect = _cluster_client(parts, passed, options)
+                client: redis.Redis | RedisCluster | None = None
             elif mode == "sentinel":
                 client = _sentinel_client(parts, passed, options)
             else:
                 db = parts.path.strip("/")
-                if db and not db.isdigit():  # redis-py would quietly use database 0
+                if db and not (db.isascii() and db.isdigit()):  # redis-py: quietly 0
                     raise ValueError(f"the database must be a number, not {db!r}")
                 bare = urlunsplit(parts._replace(query=urlencode(passed)))
                 client = redis.Redis.from_url(bare, **options)
@@ -342,9 +390,10 @@ class RedisStore(Store):
             message = scrub(str(exc), urlsplit(url).password)
             # Not chained: the driver's error might quote the URL, password included.
             raise ConfigurationError(f"Redis URL {redact(url)!r}: {message}") from None
-        store = cls(client=client, namespace=namespace)
+        store = cls(client=client, namespace=namespace, connect=connect)
         store._owns_client = True
         store._where = redact(url)
+        store._password = store._password or unquote(urlsplit(url).password or "") or None
         return store
 
     @contextmanager
@@ -352,14 +401,16 @@ class RedisStore(Store):
         try:
             yield
         except (*_UNAVAILABLE, ResponseError) as exc:
-            # BUSY (a long script hogs the server) passes; other replies are bugs.
-            busy = str(exc).startswith("BUSY")
+            # BUSY (a long script hogs the server) passes, as does a reply to the
+            # connection's own setup (SELECT of a database the server lacks):
+            # the server, not this step, is at fault. Other replies are bugs.
+            busy = str(exc).startswith(("BUSY", "DB index is out of range"))
             if not isinstance(exc, _UNAVAILABLE) and not busy:
                 raise
-            if isinstance(self.client, RedisCluster):
+            if isinstance(self._client, RedisCluster):
                 # The next step asks the cluster where each hash slot lives now.
                 with contextlib.suppress(Exception):
-                    self.client.nodes_manager.initialize()
+                    self._client.nodes_manager.initialize()
             message = scrub(str(exc), self._password)
             raise StoreUnavailable(f"Redis at {self._where}: {message}") from exc
 
@@ -489,8 +540,8 @@ class RedisStore(Store):
         return [job for job, found in zip(names, exists, strict=True) if found]
 
     def close(self) -> None:
-        if self._owns_client:
-            self.client.close()
+        if self._owns_client and self._client is not None:
+            self._client.close()
             sentinel = getattr(self, "_sentinel", None)
             for server in sentinel.sentinels if sentinel is not None else []:
                 server.close()

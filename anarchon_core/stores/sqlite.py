@@ -209,7 +209,10 @@ class SQLiteStore(SQLDialectStore):
             )
         for key, value in url_options(url, "SQLite", ("busy_timeout",)):
             options.setdefault(key, value)
-        return cls(unquote(parts.path[1:]), namespace=namespace, **options)
+        path = unquote(parts.path[1:])
+        if "\x00" in path:
+            raise ConfigurationError(f"SQLite URL {url!r}: the path holds a NUL character")
+        return cls(path, namespace=namespace, **options)
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(
