@@ -44,7 +44,9 @@ SCHEMES: dict[str, tuple[str, str | None]] = {
 
 _SECRET_NAME = r"[\w-]*(?:token|password|passwd|secret|key)[\w-]*"  # noqa: S105
 #: A query parameter whose name says it holds a secret: ``?authToken=...``.
-_SECRET_QUERY = re.compile(rf"(?i)([?&;]{_SECRET_NAME}=)([^&;#]*)")
+#: Its value runs to the next parameter; a segment with no '=' after it is taken
+#: as the rest of the secret (an unencoded '&' in it).
+_SECRET_QUERY = re.compile(rf"(?i)([?&;]{_SECRET_NAME}=)((?:[^&;]|[&;](?=[^=&;]*(?:[&;]|$)))*)")
 #: A libpq-style ``key=value`` pair holding a secret: ``password='s3 cr3t'``.
 _SECRET_PAIR = re.compile(rf"(?i)(\b{_SECRET_NAME}\s*=\s*)('(?:[^'\\]|\\.)*'?|\S*)")
 _URL = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<after>.*)$", re.S)
@@ -167,12 +169,21 @@ def url_options(url: str, store: str, accepted: Iterable[str]) -> list[tuple[str
     """
     allowed = list(accepted)
     options = parse_qsl(urlsplit(url).query, keep_blank_values=True)
+    previous = ""
     for key, _ in options:
         if key not in allowed:
             known = ", ".join(allowed) if allowed else "none"
-            raise ConfigurationError(
-                f"{store} URL {redact(url)!r}: unknown option {key!r} (accepted: {known})"
+            # After a secret, an unknown "option" may be the rest of it, cut by an
+            # unencoded '&': not named.
+            named = (
+                f"{key!r}"
+                if not re.search(_SECRET_NAME, previous, re.I)
+                else (f"after {previous!r} (percent-encode '&' in secrets as %26)")
             )
+            raise ConfigurationError(
+                f"{store} URL {redact(url)!r}: unknown option {named} (accepted: {known})"
+            )
+        previous = key
     return options
 
 

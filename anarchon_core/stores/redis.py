@@ -293,7 +293,8 @@ def _sentinel_client(parts: Any, query: list[tuple[str, str]], options: dict[str
     timeouts = {k: options[k] for k in _TIMEOUTS if k in options}
     sentinel = Sentinel(  # type: ignore[no-untyped-call]
         _hosts(parts),
-        sentinel_kwargs={"password": sentinel_password, **timeouts},
+        # No retry by the driver, for the sentinels too: the engine retries the step.
+        sentinel_kwargs={"password": sentinel_password, "retry": Retry(NoBackoff(), 0), **timeouts},
         **timeouts,
     )
     client = sentinel.master_for(  # type: ignore[no-untyped-call]
@@ -393,7 +394,8 @@ class RedisStore(Store):
         store = cls(client=client, namespace=namespace, connect=connect)
         store._owns_client = True
         store._where = redact(url)
-        store._password = store._password or unquote(urlsplit(url).password or "") or None
+        password = unquote(urlsplit(url).password or "") or None
+        store._password = getattr(store, "_password", None) or password
         return store
 
     @contextmanager
@@ -542,7 +544,7 @@ class RedisStore(Store):
     def close(self) -> None:
         if self._owns_client and self._client is not None:
             self._client.close()
-            sentinel = getattr(self, "_sentinel", None)
+            sentinel = getattr(self._client, "_anarchon_sentinel", None)
             for server in sentinel.sentinels if sentinel is not None else []:
                 server.close()
 

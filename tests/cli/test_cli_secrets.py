@@ -54,6 +54,10 @@ EXIT_UNREACHABLE = 3
 BASES = {
     "redis": "redis://127.0.0.1:6379/0",
     "valkey": "valkey://127.0.0.1:6379/0",
+    # Any node(s) of the cluster; a closed port stands for its only node.
+    "redis-cluster": "redis+cluster://127.0.0.1:6379",
+    # The sentinels' addresses (a closed port: the only sentinel's), then the master's name.
+    "redis-sentinel": "redis+sentinel://127.0.0.1:26379/anarchon/0",
     "postgres": "postgresql://postgres@127.0.0.1:5432/test",
     "postgres18": "postgresql://postgres@127.0.0.1:5432/postgres",
     "libsql": "http://127.0.0.1:8080",
@@ -66,6 +70,8 @@ BASES = {
 TIMEOUTS = {
     "redis": "socket_timeout=1&socket_connect_timeout=1",
     "valkey": "socket_timeout=1&socket_connect_timeout=1",
+    "redis+cluster": "socket_timeout=1&socket_connect_timeout=1",
+    "redis+sentinel": "socket_timeout=1&socket_connect_timeout=1",
     "postgresql": "timeout=1",
     "http": "timeout=1",
     "nats": "timeout=1&connect_timeout=1",
@@ -146,6 +152,7 @@ def secret_url(
 ) -> str:
     """``base`` with ``secret`` as its password (NATS: its token if ``token``), short timeouts.
 
+    Sentinel: the secret is the sentinels' password too (``sentinel_password``).
     ``port``: on 127.0.0.1, that port instead of ``base``'s address; ``dbname``:
     that database (PostgreSQL); ``extra``: more query parameters (``&name=value``).
     """
@@ -154,6 +161,8 @@ def secret_url(
     address = f"127.0.0.1:{port}" if port else parts.netloc.rpartition("@")[2]
     path = f"/{dbname}" if dbname else parts.path
     query = TIMEOUTS[scheme] + extra
+    if scheme == "redis+sentinel":
+        query += f"&sentinel_password={secret.encoded}"
     if scheme == "http":  # libSQL: the token is a query parameter
         return f"{scheme}://{address}{path}?authToken={secret.encoded}&{query}"
     user = parts.username or ("user" if scheme == "nats" else "")
@@ -260,6 +269,7 @@ def test_status_on_the_real_server(
         parts.password is not None
         or (parts.scheme == "nats" and bool(parts.username))  # nats://TOKEN@host
         or "token" in parts.query.lower()
+        or "password" in parts.query.lower()  # redis+sentinel://...?sentinel_password=
     )
     accepted = EXIT_UNREACHABLE if has_credentials else EXIT_EMPTY
     cases: list[tuple[str, int]] = []

