@@ -525,12 +525,11 @@ class Scheduler:
             return
         states = self._per_job(new, new, self._states)
         now = self._now()
-        for rt, found in zip(new, states, strict=True):
-            if isinstance(found, Exception):
+        for rt, record in zip(new, states, strict=True):
+            if isinstance(record, Exception):
                 continue  # placed at a later step, once the store takes this job's read
             rt.ready = True
             previous = rt.slot_at_or_before(now)
-            record = found
             rt.next_slot = rt.slot_after(now)
             if record is None or previous is None:
                 # A job never seen before starts with its next slot, not a catch-up.
@@ -596,12 +595,13 @@ class Scheduler:
         item alike, fails the step as any store error does; except for jobs
         already found refused while others were taken, which fail alone.
         """
+        results: list[R | Exception]
         try:
-            return list(call(items))
+            results = list(call(items))
         except StoreUnavailable:
             raise
         except Exception as batch:
-            results: list[R | Exception] = []
+            results = []
             for item in items if len(items) > 1 else []:
                 try:
                     results.extend(call([item]))

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import math
+import re
 import signal
 import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 
+from anarchon_core import open_store
 from tests.celery.harness import CELERY, CeleryFleet, per_slot, slot_seconds
+from tests.cleanup import drop_namespace
 from tests.pods import assert_each_second_once, fleets
 
 pytestmark = pytest.mark.scenario
@@ -254,16 +256,26 @@ def test_misconfiguration_stops_beat_with_one_clear_message(
 
 def test_celery_anarchon_status(tmp_path: Path, celery_redis: str) -> None:
     pods = CeleryFleet(tmp_path, celery_redis, {"fast": FAST})
-    done = subprocess.run(
-        [CELERY, "-A", "tests.celery.e2e_app", "anarchon", "status"],
-        env=pods.env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    assert f"namespace {pods.namespace}" in done.stdout
-    assert datetime.now(timezone.utc).year > 2000
+
+    def status() -> subprocess.CompletedProcess[str]:
+        argv = [CELERY, "-A", "tests.celery.e2e_app", "anarchon", "status"]
+        return subprocess.run(argv, env=pods.env, capture_output=True, text=True, timeout=60)
+
+    empty = status()
+    assert empty.returncode == 1, empty.stderr  # reached, nothing recorded yet
+    assert f"no jobs recorded in namespace '{pods.namespace}'" in empty.stdout
+    store = open_store(celery_redis, namespace=pods.namespace)
+    try:
+        store.claim("fast", 1_700_000_000_000, "pod-1:beat", 30)
+    finally:
+        store.close()
+    try:
+        shown = status()
+    finally:
+        drop_namespace(celery_redis, pods.namespace)
+    assert shown.returncode == 0, shown.stderr
+    assert f"namespace {pods.namespace}" in shown.stdout
+    assert re.search(r"^fast\s+2023-11-14 22:13:20\s+pod-1:beat\s+1\s+running", shown.stdout, re.M)
 
 
 def test_a_cold_shutdown_hands_the_running_slot_over_at_once(
