@@ -59,6 +59,10 @@ class _Sending:
         self.error: BaseException | None = None
 
 
+#: Set while a scheduler of this thread is being built (see Scheduler.__init__).
+_building = threading.local()
+
+
 class Scheduler(celery_beat.Scheduler):  # type: ignore[misc]
     """A beat scheduler that sends each slot of each entry from one instance only."""
 
@@ -86,7 +90,26 @@ class Scheduler(celery_beat.Scheduler):  # type: ignore[misc]
         self._closed = False
         #: A loop interval the user chose (Celery's class default of 300 s is not one).
         self._max_interval_setting = max_interval or app.conf.beat_max_loop_interval
-        super().__init__(app, schedule, max_interval, *args, lazy=lazy, **kwargs)
+        # Beat's SIGTERM handler asks its Service for the scheduler, to close it. If
+        # the signal comes while that very scheduler is being built, the Service
+        # builds a second one inside the handler: that one is left empty (lazy),
+        # and the first one, once built, closes itself (its first tick then ends
+        # beat's loop). The handler's SystemExit may end the build first (the
+        # setup then tears down what it had built), or be lost inside the
+        # import or compile it interrupted: the close does not depend on it.
+        outer = not getattr(_building, "active", False)
+        if outer:
+            _building.active, _building.stop = True, False
+        else:
+            _building.stop = True  # asked for while the scheduler is being built
+        try:
+            super().__init__(app, schedule, max_interval, *args, lazy=lazy or not outer, **kwargs)
+        finally:
+            if outer:
+                _building.active = False
+        if outer and _building.stop:
+            log.warning("anarchon: beat was told to stop while its scheduler was being built")
+            self.close()
 
     @property
     def pickup(self) -> float:
@@ -106,8 +129,13 @@ class Scheduler(celery_beat.Scheduler):  # type: ignore[misc]
         try:
             self._setup()
         except AnarchonError as exc:
+            self._teardown()  # nothing claimed yet: stopping the engine closes its store
             log.critical("anarchon: beat cannot start: %s", exc)
             raise SystemExit(1) from None
+        except BaseException:  # a signal's SystemExit while setting up: nothing may linger
+            self._closed = True
+            self._teardown()
+            raise
 
     def _setup(self) -> None:
         # A second setup replaces the first: its engine, store and thread must not linger.

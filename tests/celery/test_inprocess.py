@@ -273,3 +273,58 @@ def test_close_is_not_deferred_to_a_step_that_a_signal_cut_short(
     scheduler._steps._stepping = threading.get_ident()  # the mark a cut step leaves
     scheduler.close()
     assert scheduler.engine is None
+
+
+def test_a_sigterm_while_beat_builds_its_scheduler_stops_beat(
+    celery_app: Celery, store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Beat installs its SIGTERM handler before the Service builds the scheduler
+    # (at its first use, in Service.start). The handler asks the Service for
+    # the scheduler to close it: during that build, the Service built a second
+    # scheduler inside the handler (importing and connecting again), and beat
+    # ran on, its SIGTERM lost. Here the handler runs at the end of the build.
+    configure(celery_app, store_url, {"record": {"task": "periodic.record", "schedule": 1.0}})
+    service = beat.Service(celery_app, scheduler_cls=celery_app.conf.beat_scheduler)
+    built: list[Scheduler] = []
+    start_engine = Scheduler._start_engine
+
+    def signalled_while_building(self: Scheduler, settings: Any) -> Any:
+        entries = start_engine(self, settings)
+        built.append(self)
+        if len(built) == 1:
+            service.sync()  # beat's handler: close the Service's scheduler...
+            raise SystemExit()  # ...and stop
+        return entries
+
+    monkeypatch.setattr(Scheduler, "_start_engine", signalled_while_building)
+    with pytest.raises(SystemExit):
+        service.scheduler
+    assert len(built) == 1, "the handler built a second scheduler with its own store"
+    assert built[0].engine is None  # the one being built was torn down, its store closed
+    assert service._is_stopped.is_set()
+
+
+def test_a_sigterm_lost_while_beat_builds_its_scheduler_still_stops_beat(
+    celery_app: Celery, store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The same signal, its SystemExit lost (raised inside an import's compile,
+    # which swallows it): the scheduler built closes itself, and beat's loop
+    # ends at its first tick.
+    configure(celery_app, store_url, {"record": {"task": "periodic.record", "schedule": 1.0}})
+    service = beat.Service(celery_app, scheduler_cls=celery_app.conf.beat_scheduler)
+    start_engine = Scheduler._start_engine
+    calls: list[int] = []
+
+    def signalled_while_building(self: Scheduler, settings: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            service.sync()  # beat's handler, its SystemExit lost
+        return start_engine(self, settings)
+
+    monkeypatch.setattr(Scheduler, "_start_engine", signalled_while_building)
+    loop = threading.Thread(target=service.start, daemon=True)
+    loop.start()
+    loop.join(5)
+    assert not loop.is_alive(), "beat ran on after its SIGTERM"
+    assert len(calls) == 1
+    assert service.scheduler.engine is None
