@@ -377,12 +377,6 @@ def test_sigterm_during_a_tick_exits_within_a_second_and_keeps_no_slot(
 
 
 @pytest.mark.timeout(max(180, 60 + 12 * math.ceil(STOPS / BEATS)))
-@pytest.mark.xfail(
-    reason="open defect: a SIGTERM in a beat's first seconds can leave it running without"
-    " scheduling (seen about once in 30 such stops under load; see docs/celery.md,"
-    " 'SIGTERM during a tick')",
-    strict=False,
-)
 @pytest.mark.parametrize("kind", ["postgres", "redis-tracking"])
 def test_sigterm_in_the_first_seconds_of_a_beat(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest
