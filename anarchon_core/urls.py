@@ -199,8 +199,9 @@ def check_url(url: object) -> str:
         f"store URL {redact(url)!r}: percent-encode '@', '/', '?' and '#' in user names"
         " and passwords (%40, %2F, %3F, %23); a store URL has no '#' fragment"
     )
-    after = url.partition("://")[2]
-    if any(ch in after[: max(0, after.rfind("@"))] for ch in "/?#"):
+    scheme, _, after = url.partition("://")
+    credentials = scheme.lower() not in ("sqlite", "memory")  # a file path may hold '@'
+    if credentials and any(ch in after[: max(0, after.rfind("@"))] for ch in "/?#"):
         raise ConfigurationError(unencoded)  # before a parser quotes a piece of it
     try:
         parts = urlsplit(url)

@@ -161,6 +161,14 @@ def test_a_url_is_checked_when_the_store_is_opened(url: str, message: str) -> No
     assert "pw" not in str(info.value).replace("pwd", "")
 
 
+def test_a_sqlite_path_may_hold_an_at_sign(tmp_path: Path) -> None:
+    store = open_store(f"sqlite:///{tmp_path}/jobs@2026.db")
+    try:
+        assert store.claim("sync", 1_000, "a", 10).won
+    finally:
+        store.close()
+
+
 def test_a_malformed_url_is_named_redacted() -> None:
     with pytest.raises(ConfigurationError) as info:
         open_store("redis://admin:s3cr3t@[::1/0")
