@@ -189,8 +189,8 @@ class Scheduler(celery_beat.Scheduler):  # type: ignore[misc]
             if self._closed:
                 # Beat's SIGTERM/SIGINT handler closed this scheduler, and its
                 # SystemExit did not end beat's loop: raised while the main thread
-                # ran a finalizer, it is only printed ("Exception ignored"). A
-                # closed scheduler ends the loop itself.
+                # ran a finalizer or compiled an import, it is swallowed. A closed
+                # scheduler ends the loop itself.
                 raise SystemExit(0)
             return float(self.max_interval)
         if _embedded and os.getppid() != self._parent:
