@@ -1,0 +1,1 @@
+"""Benchmarks of the engine on real stores (see docs/benchmarks.md)."""

@@ -1,0 +1,81 @@
+"""One benchmark instance: a scheduler with N jobs, recording when each slot ran.
+
+Run by benchmarks.run in a process of its own; stops on SIGTERM and writes its
+figures (store calls by method, CPU time, peak RSS) as the last line of its
+output file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import signal
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+from anarchon_core import Run, Scheduler, open_store
+
+#: The store methods counted as round trips (each is one call to the server).
+CALLS = ("claim", "claim_many", "takeover", "renew", "dispatch", "finish", "release", "states")
+
+
+def count_calls(store: Any, counts: Counter[str]) -> None:
+    """Wrap the store's methods so that each call is counted by name."""
+    for name in CALLS:
+        method = getattr(store, name)
+
+        def counted(*args: Any, _method: Any = method, _name: str = name, **kwargs: Any) -> Any:
+            counts[_name] += 1
+            return _method(*args, **kwargs)
+
+        setattr(store, name, counted)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--store", required=True)
+    parser.add_argument("--namespace", required=True)
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--jobs", type=int, required=True)
+    parser.add_argument("--every", type=float, required=True)
+    parser.add_argument("--jitter", type=float, default=0.0)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+
+    counts: Counter[str] = Counter()
+    store = open_store(args.store, namespace=args.namespace)
+    count_calls(store, counts)
+    runs: list[tuple[str, float, float]] = []
+    lock = threading.Lock()
+
+    def handler(run: Run) -> None:
+        started = time.time()
+        with lock:
+            runs.append((run.slot_id, run.slot.timestamp(), started))
+
+    cron = Scheduler(store, instance=args.name, jitter=args.jitter)
+    for n in range(args.jobs):
+        cron.add_job(handler, name=f"job{n:05d}", every=args.every)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    began_cpu, began = time.process_time(), time.monotonic()
+    cron.start()
+    with open(args.out + ".ready", "w"):
+        pass  # the runner starts counting slots once every instance runs
+    stop.wait()
+    cron.stop()
+    cpu, wall = time.process_time() - began_cpu, time.monotonic() - began
+    store.close()
+    with open(args.out, "w") as out:
+        for slot_id, slot, started in runs:
+            out.write(json.dumps({"slot": slot_id, "at": slot, "started": started}) + "\n")
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        stats = {"calls": dict(counts), "cpu": cpu, "wall": wall, "rss_mb": rss}
+        out.write(json.dumps({"stats": stats}) + "\n")
+
+
+if __name__ == "__main__":
+    main()
