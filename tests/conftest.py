@@ -13,6 +13,8 @@ import pytest
 
 from tests import servers
 
+pytest_plugins = ["tests.watchdog"]
+
 
 @pytest.fixture(scope="session")
 def redis_url() -> str:
