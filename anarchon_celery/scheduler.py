@@ -18,6 +18,7 @@ import os
 import socket
 import threading
 from collections.abc import Callable, Mapping
+from datetime import timedelta
 from typing import Any
 
 from celery import Celery, signals
@@ -27,12 +28,13 @@ from kombu.exceptions import OperationalError
 
 from anarchon_core import AnarchonError, ConfigurationError, DispatchFailed, Run
 from anarchon_core import Scheduler as Engine
+from anarchon_core.control import Definition
 from anarchon_core.handoff import DEFAULT_PICKUP, HandOff
 from anarchon_core.scheduler import MAX_SLEEP
 from anarchon_core.urls import redact
 
 from .entries import EntryJobs, ScheduledEntry, check_entry, entry_fields
-from .schedules import read_entry
+from .schedules import Entry, read_entry
 from .settings import BeatSettings, namespace_of, read_settings, store_url, timezone_of
 from .steps import Steps
 from .tracking import HEADER, WorkerCheck, task_id
@@ -171,6 +173,7 @@ class Scheduler(celery_beat.Scheduler):  # type: ignore[misc]
             catch_up=defaults.catch_up,
             inline=True,
         )
+        engine.resolve = self._stored_entry
         with self._lock:
             self.engine = engine
             entries = self._entries = EntryJobs(engine, self.app, settings, self._dispatcher)
@@ -330,6 +333,40 @@ class Scheduler(celery_beat.Scheduler):  # type: ignore[misc]
                 self._entries.apply(self.schedule, strict=strict)
 
     # -- sending a slot ---------------------------------------------------
+
+    def _stored_entry(self, definition: Definition) -> Callable[[Run], None] | None:
+        """The handler of an entry stored at run time (``celery anarchon add``).
+
+        It sends the task named by the definition's ``handler`` with its
+        ``args``, ``kwargs`` and ``options``, as beat sends an entry of
+        ``beat_schedule``; the task is sent by name, so it need not be
+        registered in the beat's own process (as with beat_schedule).
+        """
+        engine = self.engine
+        if engine is None:
+            return None
+        every = definition.every
+        entry = self.Entry(
+            name=definition.name,
+            task=definition.handler,
+            schedule=timedelta(seconds=every if every is not None else 60),
+            args=tuple(definition.args),
+            kwargs=dict(definition.kwargs),
+            options=dict(definition.options),
+            app=self.app,
+        )
+        spec = Entry(
+            name=definition.name,
+            task=definition.handler,
+            every=every,
+            cron=definition.cron,
+            timezone=definition.timezone,
+            args=tuple(definition.args),
+            kwargs=dict(definition.kwargs),
+            options=dict(definition.options),
+            overrides=dict(definition.job_options),
+        )
+        return self._dispatcher(ScheduledEntry(entry, entry_fields(entry), spec), engine)
 
     def _dispatcher(self, job: ScheduledEntry, engine: Engine) -> Callable[[Run], None]:
         def dispatch(run: Run) -> None:

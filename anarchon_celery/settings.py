@@ -6,7 +6,7 @@ broker is Redis/Valkey or RabbitMQ:
 ``anarchon_store``      store URL (``redis://``, ``postgresql://``, ...)
 ``anarchon_namespace``  default: the app's name (``app.main``), else ``celery``
 ``anarchon_lease``      seconds a claim holds without renewal (default 10)
-``anarchon_jitter``     bound of the random delay before claiming (default 1)
+``anarchon_jitter``     bound of the random delay before claiming (default 0)
 ``anarchon_catch_up``   how late a slot may still be sent (default: one interval, at most 1 h)
 ``anarchon_tracking``   whether workers track execution (default True, see tracking.py)
 ``anarchon_pickup``     how long a sent task may wait in the queue for a worker
@@ -27,6 +27,7 @@ from celery import Celery
 from anarchon_core import ConfigurationError, JobOptions
 from anarchon_core.durations import parse_duration
 from anarchon_core.handoff import DEFAULT_PICKUP
+from anarchon_core.jobs import DISPATCH_JITTER
 from anarchon_core.scheduler import MAX_SLEEP
 from anarchon_core.urls import redact
 
@@ -102,7 +103,7 @@ def read_settings(app: Celery, loop_interval: Any = None) -> BeatSettings:
     pickup = parse_duration("anarchon_pickup", conf.get("anarchon_pickup", DEFAULT_PICKUP))
     defaults = JobOptions.build(
         lease=conf.get("anarchon_lease"),
-        jitter=conf.get("anarchon_jitter"),
+        jitter=conf.get("anarchon_jitter", DISPATCH_JITTER),
         catch_up=conf.get("anarchon_catch_up"),
     )
     return BeatSettings(defaults, pickup, bool(conf.get("anarchon_tracking", True)))

@@ -6,8 +6,10 @@ with heartbeats lets the others take over if the winner dies.
 """
 
 from .clock import Clock, FakeClock, SkewedClock, SystemClock
+from .control import Control, JobPaused, JobStatus, UnknownJob
 from .errors import (
     AnarchonError,
+    BatchRefused,
     ConfigurationError,
     DispatchFailed,
     LeaseLost,
@@ -18,27 +20,47 @@ from .events import Event, EventKind
 from .jobs import Job, JobOptions, Run
 from .scheduler import Scheduler
 from .schedules import Cron, Every, Schedule, make_schedule, slot_id
-from .store import Claim, ClaimRequest, ClaimStatus, JobState, RunRecord, RunState, Store
+from .store import (
+    Change,
+    Claim,
+    ClaimRequest,
+    ClaimStatus,
+    InstanceRecord,
+    JobState,
+    JobStats,
+    Paused,
+    RunRecord,
+    RunState,
+    Store,
+)
 from .urls import open_store, redact
 
 __all__ = [
     "AnarchonError",
+    "BatchRefused",
+    "Change",
     "Claim",
     "ClaimRequest",
     "ClaimStatus",
     "Clock",
     "ConfigurationError",
+    "Control",
     "Cron",
     "DispatchFailed",
     "Event",
     "EventKind",
     "Every",
     "FakeClock",
+    "InstanceRecord",
     "Job",
     "JobOptions",
+    "JobPaused",
     "JobState",
+    "JobStats",
+    "JobStatus",
     "LeaseLost",
     "MissingDependency",
+    "Paused",
     "Run",
     "RunRecord",
     "RunState",
@@ -48,6 +70,7 @@ __all__ = [
     "Store",
     "StoreUnavailable",
     "SystemClock",
+    "UnknownJob",
     "make_schedule",
     "open_store",
     "redact",

@@ -1,24 +1,38 @@
-"""The ``anarchon`` command: ``anarchon demo`` and ``anarchon status``.
+"""The ``anarchon`` command: ``demo``, ``status``, and the control verbs.
 
 ``status`` (here, and ``celery anarchon status``) exits with
 :data:`EXIT_OK` when it showed jobs, :data:`EXIT_EMPTY` when the store was
 reached but holds no job in the namespace, :data:`EXIT_CONFIG` for a bad URL
 or a missing driver, and :data:`EXIT_UNREACHABLE` when the store cannot be
 reached or refuses the connection (credentials, TLS, a missing database).
+
+The control verbs (``jobs``, ``pause``, ``resume``, ``trigger``, ``backfill``,
+``history``, ``add``, ``change``, ``remove``; the same in
+``celery anarchon`` and ``dramatiq-anarchon``) exit with :data:`EXIT_OK`
+when they changed (or showed) something, :data:`EXIT_EMPTY` when they
+changed nothing (already paused, not paused, an unknown job, a run-now
+request for a paused job), and the two
+codes above for a bad URL (or a store that keeps no controls) and an
+unreachable store.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import sys
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
-from typing import TextIO
+from typing import Any, TextIO, TypeVar
 
-from .errors import AnarchonError, StoreUnavailable
+from .control import OPTIONS, Control, Definition, JobPaused, UnknownJob
+from .errors import AnarchonError, ConfigurationError, Conflict, StoreUnavailable
 from .schedules import from_ms
-from .store import RunState, Store
+from .store import HISTORY, RunState, Store
 from .urls import open_store, redact, scrub, secrets_in
+
+T = TypeVar("T")
 
 EXIT_OK = 0
 EXIT_EMPTY = 1
@@ -59,20 +73,39 @@ def status(store: Store, out: TextIO) -> int:
     return len(rows) - 1
 
 
+def _opened(open_it: Callable[[], T], url: str, err: TextIO, prog: str) -> T | int:
+    """``open_it()``, or the exit code once its error is said: a bad URL or a missing
+    driver, or a store that connects when opened (SQLite) and cannot."""
+    try:
+        return open_it()
+    except StoreUnavailable as exc:
+        print(f"{prog}: cannot reach the store {redact(url)}: {exc}", file=err)
+        return EXIT_UNREACHABLE
+    except AnarchonError as exc:
+        print(f"{prog}: {exc}", file=err)
+        return EXIT_CONFIG
+
+
+def _store_error(exc: Exception, url: str, err: TextIO, prog: str) -> int:
+    """Say that the store at ``url`` could not be reached or answered an error, scrubbed
+    of the URL's secrets; :data:`EXIT_UNREACHABLE`."""
+    said = str(exc) or type(exc).__name__
+    for secret in secrets_in(url):
+        said = scrub(said, secret)
+    reason = "cannot reach" if isinstance(exc, StoreUnavailable) else "error from"
+    print(f"{prog}: {reason} the store {redact(url)}: {said}", file=err)
+    return EXIT_UNREACHABLE
+
+
 def run_status(url: str, namespace: str, out: TextIO, err: TextIO, *, prog: str) -> int:
     """Open ``url``, reach it, print the status of ``namespace``; return the exit code.
 
     Every message names the store by its redacted URL; a driver's message is
     scrubbed of the URL's secrets.
     """
-    try:
-        store = open_store(url, namespace=namespace)
-    except StoreUnavailable as exc:  # a store that connects when opened (SQLite)
-        print(f"{prog}: cannot reach the store {redact(url)}: {exc}", file=err)
-        return EXIT_UNREACHABLE
-    except AnarchonError as exc:
-        print(f"{prog}: {exc}", file=err)
-        return EXIT_CONFIG
+    store = _opened(lambda: open_store(url, namespace=namespace), url, err, prog)
+    if isinstance(store, int):
+        return store
     try:
         store.ping()
         print(
@@ -82,16 +115,314 @@ def run_status(url: str, namespace: str, out: TextIO, err: TextIO, *, prog: str)
         )
         shown = status(store, out)
     except Exception as exc:  # unreachable, refused, or an error the server answered
-        said = str(exc) or type(exc).__name__
-        for secret in secrets_in(url):
-            said = scrub(said, secret)
-        reason = "cannot reach" if isinstance(exc, StoreUnavailable) else "error from"
-        print(f"{prog}: {reason} the store {redact(url)}: {said}", file=err)
-        return EXIT_UNREACHABLE
+        return _store_error(exc, url, err, prog)
     finally:
         with contextlib.suppress(Exception):  # the outcome above is what is reported
             store.close()
     return EXIT_OK if shown else EXIT_EMPTY
+
+
+def _when(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _table(rows: Sequence[Sequence[str]], out: TextIO) -> None:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip(), file=out)
+
+
+def control_verb(args: argparse.Namespace, control: Control, out: TextIO) -> int:
+    """Run one control verb (``args.verb``) on ``control``; the exit code.
+
+    Each prints what it changed, or why it changed nothing.
+    """
+    namespace = control.store.namespace
+    verb = args.verb
+    if verb == "jobs":
+        jobs = control.jobs()
+        paused = control.paused()
+        if paused.namespace:
+            print(f"namespace {namespace!r} is paused: no job's slot starts", file=out)
+        if not jobs:
+            print(f"no jobs recorded in namespace {namespace!r}", file=out)
+            return EXIT_EMPTY
+        rows: list[tuple[str, ...]] = [
+            ("job", "paused", "last slot (UTC)", "owner", "attempt", "state", "runs",
+             "takeovers", "last success", "last failure")
+        ]  # fmt: skip
+        for job in jobs:
+            flag = "yes" if job.paused else "namespace" if paused.namespace else "no"
+            st, n = job.state, job.stats
+            counts = ("-", "-", "-", "-")
+            if n is not None:
+                counts = (str(n.runs), str(n.takeovers), _when(n.last_success),
+                          _when(n.last_failure))  # fmt: skip
+            if st is None:
+                rows.append((job.job, flag, "-", "-", "-", "-", *counts))
+            else:
+                slot = from_ms(st.slot_ms).strftime("%Y-%m-%d %H:%M:%S")
+                row = (job.job, flag, slot, st.owner, str(st.attempt), st.state.value)
+                rows.append((*row, *counts))
+        _table(rows, out)
+        for job in jobs:
+            if job.defined is not None:
+                d = job.defined
+                print(f"stored schedule: {job.job} v{d.version} {d.describe()}", file=out)
+        for _, slot_id in control.pending():
+            print(f"run-now request waiting: {slot_id}", file=out)
+        for job_name, start, end in control.backfills():
+            print(f"backfill waiting or running: {job_name} {start:%Y-%m-%d %H:%M:%S}"
+                  f" to {end:%Y-%m-%d %H:%M:%S}", file=out)  # fmt: skip
+        return EXIT_OK
+    if verb in ("add", "change"):
+        fields = _definition_fields(args)
+        if verb == "add":
+            if fields.get("handler") is None:
+                raise ConfigurationError("add: --handler names the code the job runs")
+            added = control.add(Definition(name=args.job, **fields))
+            print(f"added job {args.job!r} v{added.version}: {added.describe()}", file=out)
+            return EXIT_OK
+        if not fields:
+            raise ConfigurationError("change: name at least one field to change")
+        before, after = control.change(args.job, args.version, **fields)
+        print(
+            f"changed job {args.job!r} v{before.version} -> v{after.version}:"
+            f" {before.describe()} => {after.describe()}",
+            file=out,
+        )
+        return EXIT_OK
+    if verb == "remove":
+        gone = control.remove(args.job, args.version)
+        print(f"removed job {args.job!r} v{gone.version}: {gone.describe()}", file=out)
+        return EXIT_OK
+    if verb == "backfill":
+        control.backfill(args.job, args.start, args.end, unrecorded=args.unrecorded)
+        print(
+            f"asked to run each slot of {args.job!r} from {args.start:%Y-%m-%d %H:%M:%S}"
+            f" to {args.end:%Y-%m-%d %H:%M:%S} UTC (excluded), in order, once each",
+            file=out,
+        )
+        return EXIT_OK
+    if verb == "trigger":
+        slot_id = control.trigger(args.job, unrecorded=args.unrecorded)
+        print(f"asked to run {slot_id} now: the first instance that claims it runs it", file=out)
+        return EXIT_OK
+    if verb == "history":
+        runs = control.history(args.job, args.limit)
+        filled = control.backfill_history(args.job, args.limit)
+        backfilled = {(run.slot_ms, run.token) for run in filled}
+        runs = sorted(runs + filled, key=lambda r: r.started_at, reverse=True)[: args.limit]
+        if not runs:
+            print(f"no run of {args.job!r} recorded", file=out)
+            return EXIT_EMPTY
+        manual = control.manual(args.job)
+        table: list[tuple[str, ...]] = [
+            ("slot (UTC)", "how", "attempt", "token", "owner", "state", "started", "ended")
+        ]
+        for run in runs:
+            slot = from_ms(run.slot_ms).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+            how = "manual" if run.slot_ms in manual else "scheduled"
+            if (run.slot_ms, run.token) in backfilled:
+                how = "backfill"
+            table.append(
+                (slot, how, str(run.attempt), str(run.token), run.owner, run.state.value,
+                 _when(run.started_at), _when(run.ended_at))
+            )  # fmt: skip
+        _table(table, out)
+        return EXIT_OK
+    targets: list[str | None] = [None] if args.all else list(args.jobs)
+    if verb == "pause" and not args.unrecorded:
+        # Every name is checked before any is paused: all or nothing.
+        unknown = [job for job in args.jobs if not control.known(job)]
+        if unknown:
+            names = ", ".join(map(repr, unknown))
+            raise UnknownJob(f"no job named {names} is recorded in namespace {namespace!r}")
+    changed = 0
+    for target in targets:
+        what = f"namespace {namespace!r}" if target is None else f"job {target!r}"
+        if verb == "pause":
+            done = control.pause(target, unrecorded=args.unrecorded)
+            print(f"paused {what}" if done else f"{what} was paused already", file=out)
+        else:
+            done = control.resume(target, catch_up=args.catch_up)
+            print(f"resumed {what}" if done else f"{what} was not paused", file=out)
+        changed += done
+    return EXIT_OK if changed else EXIT_EMPTY
+
+
+def moment(text: str) -> datetime:
+    """A command line's time: ISO 8601, UTC unless it says otherwise."""
+    try:
+        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        example = "2026-12-01T10:00:00Z"
+        raise argparse.ArgumentTypeError(f"{text!r}: expected ISO 8601, e.g. {example}") from None
+    return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
+
+
+def _json_argument(what: str, text: str | None, kind: type) -> Any:
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise ConfigurationError(f"--{what}: not JSON: {exc}") from None
+    if not isinstance(value, kind):
+        raise ConfigurationError(f"--{what}: expected a JSON {kind.__name__}")
+    return value
+
+
+def _definition_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The fields of a stored schedule given on the command line (those given only)."""
+    fields: dict[str, Any] = {
+        "handler": args.handler,
+        "every": args.every,
+        "cron": args.cron,
+        "timezone": args.timezone,
+        "anchor": args.anchor,
+        "args": _json_argument("args", args.args, list),
+        "kwargs": _json_argument("kwargs", args.kwargs, dict),
+        "options": _json_argument("options", args.options, dict),
+    }
+    given = {k: v for k, v in fields.items() if v is not None}
+    if "args" in given:
+        given["args"] = tuple(given["args"])
+    options = {name: getattr(args, name) for name in OPTIONS if getattr(args, name) is not None}
+    if options:
+        given["job_options"] = options
+    return given
+
+
+def add_control_verbs(
+    commands: Any,
+    *,
+    store_option: bool,
+    extra: Callable[[argparse.ArgumentParser], None] | None = None,
+) -> None:
+    """Add ``jobs``, ``pause``, ``resume`` and ``history`` to an argparse subparsers object.
+
+    With ``store_option``, each takes ``--store`` and ``--namespace`` (the
+    ``anarchon`` command); otherwise the caller knows its store, and adds
+    its own arguments to each verb with ``extra``.
+    """
+
+    def verb(name: str, help: str) -> argparse.ArgumentParser:
+        parser: argparse.ArgumentParser = commands.add_parser(
+            name, help=help, description=help + ". " + _EXITS
+        )
+        parser.set_defaults(verb=name)
+        if store_option:
+            parser.add_argument("--store", required=True, help="store URL, e.g. redis://host")
+            parser.add_argument("--namespace", default="default")
+        if extra is not None:
+            extra(parser)
+        return parser
+
+    verb("jobs", "every job recorded in the store: paused or not, its last slot and run")
+    for name, what in (("pause", "pause"), ("resume", "resume")):
+        parser = verb(name, f"{what} jobs by name, or the whole namespace with --all")
+        parser.add_argument("jobs", nargs="*", metavar="JOB")
+        parser.add_argument("--all", action="store_true", help=f"{what} the whole namespace")
+        if name == "resume":
+            parser.add_argument(
+                "--catch-up",
+                action="store_true",
+                help="run the most recent slot missed while paused, if within its catch-up window",
+            )
+        if name == "pause":
+            parser.add_argument(
+                "--unrecorded",
+                action="store_true",
+                help="pause a job the store has no record of yet (before its first slot)",
+            )
+    for name, what in (
+        ("add", "store a new job's schedule: every instance runs it within a second"),
+        ("change", "change a stored schedule (compare-and-set: --version as read)"),
+    ):
+        parser = verb(name, what)
+        parser.add_argument("job", metavar="JOB")
+        parser.add_argument("--handler", help="the code it runs: a handler, task or actor name")
+        parser.add_argument("--every", type=float, help="seconds between slots")
+        parser.add_argument("--cron", help="a cron expression")
+        parser.add_argument("--timezone", help="the cron expression's timezone (default UTC)")
+        parser.add_argument("--anchor", type=float, help="every= grid anchor, Unix seconds")
+        parser.add_argument("--args", help="a JSON list of positional arguments")
+        parser.add_argument("--kwargs", help="a JSON object of keyword arguments")
+        parser.add_argument("--options", help="a JSON object: Celery/Dramatiq send options")
+        for option in OPTIONS:
+            parser.add_argument("--" + option.replace("_", "-"), type=float, metavar="SECONDS")
+        if name == "change":
+            parser.add_argument("--version", type=int, help="fail unless the stored one is this")
+    parser = verb("remove", "remove a stored schedule: every instance stops it within a second")
+    parser.add_argument("job", metavar="JOB")
+    parser.add_argument("--version", type=int, help="fail unless the stored one is this")
+    parser = verb("backfill", "run each slot of a past range once, in order, one at a time")
+    parser.add_argument("job", metavar="JOB")
+    parser.add_argument(
+        "--from",
+        dest="start",
+        required=True,
+        type=moment,
+        metavar="TIME",
+        help="the range's start, included: ISO 8601 (UTC if no offset)",
+    )
+    parser.add_argument("--to", dest="end", required=True, type=moment, metavar="TIME",
+                        help="the range's end, excluded")  # fmt: skip
+    parser.add_argument(
+        "--unrecorded", action="store_true", help="a job the store has no record of yet"
+    )
+    parser = verb("trigger", "run a job once now, as a slot of its own, on one instance")
+    parser.add_argument("job", metavar="JOB")
+    parser.add_argument(
+        "--unrecorded", action="store_true", help="a job the store has no record of yet"
+    )
+    parser = verb("history", "the most recent attempts of a job, newest first")
+    parser.add_argument("job", metavar="JOB")
+    parser.add_argument("--limit", type=int, default=20, help="attempts to show (default 20)")
+
+
+def check_control_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse contradictory control arguments early, naming them."""
+    if args.verb in ("pause", "resume") and bool(args.jobs) == bool(args.all):
+        parser.error(f"{args.verb}: name the jobs, or give --all for the whole namespace")
+    if args.verb == "history" and not 1 <= args.limit <= HISTORY:
+        parser.error(f"history: --limit {args.limit}: 1 to {HISTORY}")
+
+
+def run_control(
+    args: argparse.Namespace, url: str, namespace: str, out: TextIO, err: TextIO, *, prog: str
+) -> int:
+    """Open ``url`` and run the control verb of ``args``; the exit code (see the module)."""
+    control = _opened(lambda: Control(url, namespace=namespace), url, err, prog)
+    if isinstance(control, int):
+        return control
+    try:
+        return control_verb(args, control, out)
+    except (UnknownJob, JobPaused, Conflict) as exc:
+        print(f"{prog}: {exc}", file=err)
+        return EXIT_EMPTY
+    except ConfigurationError as exc:
+        print(f"{prog}: {exc}", file=err)
+        return EXIT_CONFIG
+    except Exception as exc:
+        return _store_error(exc, url, err, prog)
+    finally:
+        with contextlib.suppress(Exception):
+            control.close()
+
+
+#: The control verbs, as the commands name them.
+CONTROL_VERBS = (
+    "jobs", "pause", "resume", "trigger", "backfill", "history", "add", "change", "remove"
+)  # fmt: skip
+
+_EXITS = (
+    "Exit status: 0 changed or shown, 1 nothing changed (already so, or an unknown job),"
+    " 2 bad URL or a store without controls, 3 the store cannot be reached."
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,7 +444,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     show.add_argument("--store", required=True, help="store URL, e.g. sqlite:///jobs.db")
     show.add_argument("--namespace", default="default")
+    add_control_verbs(commands, store_option=True)
     args = parser.parse_args(argv)
+    if getattr(args, "verb", None):
+        check_control_args(parser, args)
+        return run_control(
+            args, args.store, args.namespace, sys.stdout, sys.stderr, prog="anarchon"
+        )
 
     if args.command == "demo":
         from .tools.demo import run_demo

@@ -9,6 +9,9 @@ the builtin a Python programmer would reach for first: bad configuration is a
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 
 class AnarchonError(Exception):
     """Base class of every error raised by anarchon."""
@@ -34,6 +37,27 @@ class StoreUnavailable(AnarchonError):
     """
 
 
+class BatchRefused(AnarchonError):
+    """The store refused some items of a batch and applied the others.
+
+    Raised by ``Store.claim_many`` and ``Store.change_many`` where a batch's
+    items go through one by one (Redis, NATS, the default loops): ``answers``
+    holds, in the order of the batch, each item's answer (a ``Claim``, a
+    ``bool``) or the error the store gave for that item alone. A store that
+    applies a batch in one transaction (PostgreSQL, SQLite) raises the error
+    itself instead, having applied nothing. A store that cannot be reached
+    mid-batch raises :class:`StoreUnavailable` either way.
+    """
+
+    def __init__(self, answers: Sequence[Any]) -> None:
+        self.answers: list[Any] = list(answers)
+        errors = [a for a in self.answers if isinstance(a, BaseException)]
+        first = f"{type(errors[0]).__name__}: {errors[0]}" if errors else "none"
+        super().__init__(
+            f"the store refused {len(errors)} of {len(self.answers)} items; the first: {first}"
+        )
+
+
 class LeaseLost(AnarchonError):
     """This instance no longer holds the lease of the run it is executing.
 
@@ -52,3 +76,18 @@ class DispatchFailed(AnarchonError):
     over as another attempt, within the job's catch-up window; once that
     window has passed it is recorded failed.
     """
+
+
+class Conflict(AnarchonError):
+    """A compare-and-set of a control entry found another version than expected.
+
+    Someone else changed (or created, or removed) the entry since it was
+    read: nothing was written. ``found`` is the version the store holds
+    (0: no entry). Read it again, decide again.
+    """
+
+    def __init__(self, key: str, expected: int, found: int, message: str = "") -> None:
+        self.key, self.expected, self.found = key, expected, found
+        now = "it does not exist" if found == 0 else f"it is at version {found}"
+        was = "to be absent" if expected == 0 else f"at version {expected}"
+        super().__init__(message or f"{key!r} changed meanwhile: expected {was}, {now}")

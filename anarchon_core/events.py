@@ -9,7 +9,10 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .slots import Slot
+from .slots import BACKFILL, Slot, shown
+
+#: The ``extra`` attributes of every event's log record (``None`` where they do not apply).
+LOG_FIELDS = ("event", "job", "slot_id", "attempt", "token", "instance", "namespace", "detail")
 
 
 class EventKind(str, enum.Enum):
@@ -57,6 +60,10 @@ class EventKind(str, enum.Enum):
     FINISH_REFUSED = ("finish_refused", logging.WARNING)
     #: This instance released a run during a graceful stop.
     HANDED_OVER = ("handed_over", logging.INFO)
+    #: This instance won a slot someone asked to run now (:meth:`~anarchon_core.Control.trigger`).
+    MANUAL = ("manual", logging.INFO)
+    #: The slot was not started: its job, or the whole namespace, is paused.
+    PAUSED = ("paused", logging.DEBUG)
     #: A slot was not claimed, or a handed-off run was never picked up.
     MISSED = ("missed", logging.WARNING)
     #: The store stopped answering, or answered with an error (once per outage).
@@ -120,8 +127,17 @@ class Emitter:
         attempt: int | None = None,
         detail: str = "",
         job: str | None = None,
+        token: int | None = None,
     ) -> None:
-        """Report that ``kind`` happened, to ``slot`` (its ``attempt``) or ``job`` if one."""
+        """Report that ``kind`` happened, to ``slot`` (its ``attempt`` and ``token``) or
+        ``job`` if one.
+
+        The log record carries the event's fields as ``extra`` attributes
+        (:data:`LOG_FIELDS`), for any structured formatter to emit.
+        """
+        if slot is not None and slot.job.endswith(BACKFILL):
+            slot = shown(slot)
+            detail = f"backfill; {detail}" if detail else "backfill"
         sid = slot.id if slot is not None else None
         event = Event(
             kind, slot.job if slot is not None else job, sid, attempt, self.instance, detail
@@ -129,6 +145,16 @@ class Emitter:
         with self._lock:
             self._counts[kind.value] += 1
         if self._log.isEnabledFor(kind.level):
+            fields = {
+                "event": kind.value,
+                "job": event.job,
+                "slot_id": sid,
+                "attempt": attempt,
+                "token": token,
+                "instance": self.instance,
+                "namespace": self.namespace,
+                "detail": detail or None,
+            }
             self._log.log(
                 kind.level,
                 "anarchon: %s %s attempt %s on %s%s",
@@ -137,6 +163,7 @@ class Emitter:
                 attempt if attempt is not None else "-",
                 self.instance,
                 f" ({detail})" if detail else "",
+                extra=fields,
             )
         for listener in self._listeners:
             try:

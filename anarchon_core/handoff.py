@@ -76,7 +76,7 @@ class HandOff:
         """The ticket of ``run``, a slot ``engine`` won, to send with the slot's work."""
         return cls(
             namespace=engine.namespace,
-            job=run.job,
+            job=run.key,
             slot_id=run.slot_id,
             attempt=run.attempt,
             token=run.token,

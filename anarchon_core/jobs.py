@@ -7,6 +7,7 @@ half-registered.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import threading
 from collections.abc import Callable
@@ -17,12 +18,16 @@ from typing import Any
 from .durations import Duration, parse_duration, within
 from .errors import ConfigurationError, DispatchFailed, LeaseLost
 from .schedules import Schedule
-from .slots import Slot
+from .slots import BACKFILL, Slot
 
 #: Defaults of every job option, in seconds (``renew`` defaults to lease / 3,
 #: ``catch_up`` to one interval capped at one hour).
 DEFAULT_LEASE = 10.0
 DEFAULT_JITTER = 1.0
+#: The default jitter of jobs whose handler only sends work elsewhere (Celery,
+#: Dramatiq): the slot's preferred instance spreads the sending over the
+#: instances (see peers.py), and a delay would only make every task later.
+DISPATCH_JITTER = 0.0
 DEFAULT_WATCH = 0.5
 MAX_DEFAULT_CATCH_UP = 3600.0
 
@@ -51,8 +56,8 @@ def held_for(lease: float) -> float:
     return lease * (1.0 - LEASE_MARGIN)
 
 
-def check_name(name: object) -> str:
-    """``name`` if it is a valid job name, else ConfigurationError naming it.
+def check_name(name: object, what: str = "job name") -> str:
+    """``name`` if it is a valid job (or ``what``) name, else ConfigurationError naming it.
 
     A job name is 1 to :data:`MAX_NAME` printable characters (``str.isprintable``:
     letters, marks, digits, punctuation, symbols and the ASCII space; no
@@ -60,17 +65,17 @@ def check_name(name: object) -> str:
     not all spaces. Every store keeps any such name as it is.
     """
     if not isinstance(name, str):
-        raise ConfigurationError(f"job name {name!r}: expected a string")
+        raise ConfigurationError(f"{what} {name!r}: expected a string")
     if not name.strip(" "):
-        raise ConfigurationError(f"job name {name!r}: must not be empty or only spaces")
+        raise ConfigurationError(f"{what} {name!r}: must not be empty or only spaces")
     if len(name) > MAX_NAME:
         raise ConfigurationError(
-            f"job name {name[:40]!r}...: {len(name)} characters, at most {MAX_NAME}"
+            f"{what} {name[:40]!r}...: {len(name)} characters, at most {MAX_NAME}"
         )
     for index, char in enumerate(name):
         if not char.isprintable():
             raise ConfigurationError(
-                f"job name {name!r}: character {index} ({char!a}) is not printable;"
+                f"{what} {name!r}: character {index} ({char!a}) is not printable;"
                 " use letters, digits, punctuation, symbols and spaces"
             )
     return name
@@ -144,6 +149,14 @@ class Job:
         if not callable(self.handler):
             raise ConfigurationError(f"job {self.name!r}: handler {self.handler!r} is not callable")
 
+    def backfill(self) -> Job:
+        """This job as its backfill's record knows it: the same handler, schedule and
+        options, under the record's name (``name`` + :data:`~anarchon_core.slots.BACKFILL`,
+        which no declared job may carry)."""
+        job = Job(self.name, self.handler, self.schedule, self.options)
+        object.__setattr__(job, "name", self.name + BACKFILL)
+        return job
+
     @staticmethod
     def check(name: str, schedule: Schedule, options: JobOptions) -> None:
         """Refuse a job's name, schedule and options that cannot go together.
@@ -165,18 +178,19 @@ class Job:
         configured = DEFAULT_JITTER if self.options.jitter is None else self.options.jitter
         return min(configured, self.schedule.min_interval.total_seconds() / 10)
 
-    def catch_up_for(self, slot: datetime) -> float:
+    def catch_up_for(self, slot: datetime, after: datetime | None = None) -> float:
         """How late (seconds) ``slot`` may still be claimed.
 
-        By default one interval (the gap from ``slot`` to the next slot, which
-        for cron schedules varies), capped at one hour.
+        By default one interval (the gap from ``slot`` to the next slot,
+        ``after`` when the caller knows it, which for cron schedules varies),
+        capped at one hour.
         """
         if self.options.catch_up is not None:
             return self.options.catch_up
-        gap = (self.schedule.next_after(slot) - slot).total_seconds()
+        gap = ((after or self.schedule.next_after(slot)) - slot).total_seconds()
         return min(gap, MAX_DEFAULT_CATCH_UP)
 
-    @property
+    @functools.cached_property
     def takes_run(self) -> bool:
         """Whether the handler accepts the :class:`Run` argument."""
         try:
@@ -211,15 +225,26 @@ class Run:
         "attempt",
         "instance",
         "job",
+        "key",
         "slot",
         "slot_id",
         "token",
     )
 
     def __init__(
-        self, *, job: str, slot: datetime, slot_id: str, attempt: int, token: int, instance: str
+        self,
+        *,
+        job: str,
+        slot: datetime,
+        slot_id: str,
+        attempt: int,
+        token: int,
+        instance: str,
+        key: str | None = None,
     ) -> None:
         self.job = job
+        #: The store's record of this run: the job's name, or its backfill's (Control.backfill).
+        self.key = key or job
         self.slot = slot
         self.slot_id = slot_id
         self.attempt = attempt
@@ -305,13 +330,15 @@ class Run:
         instance: str,
         dispatch: Callable[[float], bool] | None = None,
         monotonic: Callable[[], float] | None = None,
+        key: str | None = None,
     ) -> Run:
         """The run of ``slot``: its ``job``, ``slot`` and ``slot_id`` all come from it.
 
         ``dispatch(lease)`` marks the slot dispatched in the store with a lease
         of ``lease`` seconds, and answers whether the store accepted;
         :meth:`hand_off` calls it. ``monotonic`` is the engine's clock, by
-        which the deadline of :meth:`hold_until` is judged.
+        which the deadline of :meth:`hold_until` is judged. ``key`` is the
+        store's record of the run when it is not the job's own (a backfill's).
         """
         run = cls(
             job=slot.job,
@@ -320,6 +347,7 @@ class Run:
             attempt=attempt,
             token=token,
             instance=instance,
+            key=key,
         )
         run._dispatch = dispatch
         run._monotonic = monotonic

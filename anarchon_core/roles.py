@@ -13,6 +13,7 @@ import enum
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Protocol
 
 from .events import EventKind
 from .jobs import Job, JobOptions, Run, held_for
@@ -21,6 +22,12 @@ from .store import JobState, RunState
 
 #: How far past its time (beyond jitter) a slot still counts as on time.
 ON_TIME = 1.0
+#: How long, beyond the jitter, an instance waits for a slot's preferred
+#: instance to claim it before claiming it itself (see docs/concepts.md,
+#: "Who runs a slot"): room for the preferred instance's claim batch to reach
+#: the store on a busy host, and for clocks that differ a little. At most a
+#: tenth of the schedule's interval.
+PEER_MARGIN = 1.0
 #: States of a run that has ended: nothing to back up.
 ENDED = (RunState.DONE, RunState.FAILED)
 
@@ -112,24 +119,98 @@ class Backup:
         return Verdict.TAKE_OVER
 
 
+class Watcher(Protocol):
+    """Told when a job's claim time, backup or runner changes (the engine's indexes)."""
+
+    def claim_moved(self, rt: JobRuntime) -> None: ...
+
+    def backup_moved(self, rt: JobRuntime) -> None: ...
+
+    def runner_moved(self, rt: JobRuntime) -> None: ...
+
+
 class JobRuntime:
     """What this instance knows of one job: its next slot, its runner and its backup."""
 
-    __slots__ = ("backup", "claim_at", "job", "next_slot", "ready", "refused", "removed", "runner")
+    __slots__ = (
+        "_backup",
+        "_claim_at",
+        "_following",
+        "_runner",
+        "deferred",
+        "job",
+        "next_slot",
+        "peers_seen",
+        "preferred",
+        "ranks",
+        "ready",
+        "refused",
+        "removed",
+        "seq",
+        "suspect",
+        "watcher",
+    )
 
-    def __init__(self, job: Job) -> None:
+    def __init__(self, job: Job, watcher: Watcher | None = None, seq: int = 0) -> None:
         self.job = job
+        self.watcher = watcher
+        #: The order in which jobs were declared: a batch lists them in that order.
+        self.seq = seq
         self.next_slot: Slot | None = None
-        #: When this instance claims ``next_slot`` (wall-clock Unix seconds).
-        self.claim_at = 0.0
-        self.backup: Backup | None = None
-        self.runner: Runner | None = None
+        self._claim_at = 0.0
+        self._backup: Backup | None = None
+        self._runner: Runner | None = None
+        #: The slot after one slot, remembered: (schedule, slot ms, the slot after).
+        self._following: tuple[object, int, Slot] | None = None
+        #: How long past its time plus jitter the claim of ``next_slot`` waits for
+        #: ``preferred``, the instance that claims it first (0: this one does).
+        self.deferred = 0.0
+        self.preferred: str | None = None
+        #: The base ranks of the live instances for this job, and the version of
+        #: the instance's peers they are of (see peers.py).
+        self.ranks: list[tuple[int, str]] = []
+        self.peers_seen = -1
         #: Placed on its schedule (after reading the store's record of it).
         self.ready = False
         #: Removed while a run of it goes on; it goes once that run ends.
         self.removed = False
         #: The store refused a call about this job alone (reported once until it answers).
         self.refused = False
+        #: A batch about this job failed on every item, and failed the step.
+        self.suspect = False
+
+    @property
+    def claim_at(self) -> float:
+        """When this instance claims ``next_slot`` (wall-clock Unix seconds)."""
+        return self._claim_at
+
+    @claim_at.setter
+    def claim_at(self, at: float) -> None:
+        self._claim_at = at
+        if self.watcher is not None:
+            self.watcher.claim_moved(self)
+
+    @property
+    def backup(self) -> Backup | None:
+        """The slot another instance runs that this instance backs up."""
+        return self._backup
+
+    @backup.setter
+    def backup(self, backup: Backup | None) -> None:
+        self._backup = backup
+        if self.watcher is not None:
+            self.watcher.backup_moved(self)
+
+    @property
+    def runner(self) -> Runner | None:
+        """The run this instance holds."""
+        return self._runner
+
+    @runner.setter
+    def runner(self, runner: Runner | None) -> None:
+        self._runner = runner
+        if self.watcher is not None:
+            self.watcher.runner_moved(self)
 
     @property
     def options(self) -> JobOptions:
@@ -139,15 +220,36 @@ class JobRuntime:
         """The job's first slot strictly after ``t``."""
         return Slot(self.job.name, self.job.schedule.next_after(t))
 
+    def following(self, slot: Slot) -> Slot:
+        """The job's slot after ``slot``, remembered: the claim of ``slot`` asks
+        first (for a backlog), its advance and its catch-up window next."""
+        schedule, memo = self.job.schedule, self._following
+        if memo is not None and memo[0] is schedule and memo[1] == slot.ms:
+            return memo[2]
+        after = Slot(self.job.name, schedule.next_after(slot.time))
+        self._following = (schedule, slot.ms, after)
+        return after
+
     def slot_at_or_before(self, t: datetime) -> Slot | None:
         """The job's last slot at or before ``t``."""
         latest = self.job.schedule.latest_at_or_before(t)
         return None if latest is None else Slot(self.job.name, latest)
 
-    def place(self, offset: float) -> None:
-        """Claim ``next_slot`` at its time plus ``offset`` (0 to 1) of the jitter."""
+    def place(self, offset: float, deferred: bool = False) -> None:
+        """Claim ``next_slot`` at its time plus ``offset`` (0 to 1) of the jitter.
+
+        ``deferred``: another instance claims it first; this one only after
+        :meth:`deferral` more, should that one not have.
+        """
         assert self.next_slot is not None
-        self.claim_at = self.next_slot.time.timestamp() + offset * self.job.jitter
+        self.deferred = self.deferral if deferred else 0.0
+        self.claim_at = self.next_slot.time.timestamp() + offset * self.job.jitter + self.deferred
+
+    @property
+    def deferral(self) -> float:
+        """How long a claim waits for the slot's preferred instance: its jitter and a margin."""
+        interval = self.job.schedule.min_interval.total_seconds()
+        return self.job.jitter + min(PEER_MARGIN, interval / 10)
 
     def catches_up(self, previous: Slot, record: JobState, lateness: float) -> bool:
         """Whether a starting instance still claims ``previous``, ``lateness`` seconds late.
@@ -164,11 +266,15 @@ class JobRuntime:
 
     def too_late(self, slot: Slot, lateness: float) -> bool:
         """Whether ``slot``, ``lateness`` seconds past its time, may no longer be claimed."""
-        return lateness > max(self.job.catch_up_for(slot.time), self.job.jitter + ON_TIME)
+        if lateness <= self.job.jitter + self.deferral + ON_TIME:
+            return False  # on time: no need to work out the catch-up window
+        return lateness > self.job.catch_up_for(slot.time, self.following(slot).time)
 
-    def won_kind(self, lateness: float) -> EventKind:
-        """A won claim ``lateness`` seconds after its slot: on time, or a catch-up."""
-        return EventKind.CATCH_UP if lateness > self.job.jitter + ON_TIME else EventKind.WON
+    def won_kind(self, lateness: float, deferred: float = 0.0) -> EventKind:
+        """A won claim ``lateness`` seconds after its slot, placed ``deferred`` late: on
+        time, or a catch-up."""
+        on_time = self.job.jitter + deferred + ON_TIME
+        return EventKind.CATCH_UP if lateness > on_time else EventKind.WON
 
     def backs_up(self, holder: JobState) -> bool:
         """Whether ``holder``'s run is one to back up: not ended, and not this instance's.

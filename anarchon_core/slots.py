@@ -46,3 +46,16 @@ class Slot:
         if not at or not job or not _MS.fullmatch(ms):
             raise ValueError(f"slot id {slot_id!r}: expected 'job@unix_ms'")
         return cls.from_ms(job, int(ms))
+
+
+#: Appended to a job's name, the store's record of that job's backfill: its
+#: slots are claimed there, in order, apart from the job's live schedule. No
+#: job name has it (job names hold no control characters).
+BACKFILL = "\x1fbackfill"
+
+
+def shown(slot: Slot) -> Slot:
+    """The slot as handlers and events name it: a backfill's slot is its job's."""
+    if slot.job.endswith(BACKFILL):
+        return Slot(slot.job[: -len(BACKFILL)], slot.time)
+    return slot

@@ -19,12 +19,24 @@ from __future__ import annotations
 
 import abc
 import enum
-from collections.abc import Iterable, Sequence
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+from .errors import BatchRefused, ConfigurationError, StoreUnavailable
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 #: How many attempts per job a store's history keeps.
 HISTORY = 50
+#: The largest ``info`` an instance records in the registry, in bytes of JSON.
+MAX_INFO = 4096
+#: The longest control key, in characters, and value, in bytes (:meth:`Store.set_control`).
+MAX_CONTROL_KEY, MAX_CONTROL_VALUE = 300, 16384
+#: Bounds of a registry record's time to live, in seconds.
+MIN_TTL, MAX_TTL = 1.0, 3600.0
 
 
 class ClaimStatus(str, enum.Enum):
@@ -34,6 +46,8 @@ class ClaimStatus(str, enum.Enum):
     TAKEN = "taken"
     BUSY = "busy"
     STALE = "stale"
+    #: The job, or its whole namespace, is paused (:meth:`Store.pause`): nothing written.
+    PAUSED = "paused"
 
 
 class RunState(str, enum.Enum):
@@ -115,6 +129,75 @@ class ClaimRequest:
 
 
 @dataclass(frozen=True)
+class Change:
+    """One entry of a batch of changes to held runs (:meth:`Store.change_many`).
+
+    ``state`` says which step: ``running`` renews the lease for ``lease``
+    seconds (:meth:`Store.renew`), ``dispatched`` hands the run off for
+    ``lease`` seconds (:meth:`Store.dispatch`), ``done`` or ``failed``
+    finishes it (:meth:`Store.finish`), ``released`` hands it over
+    (:meth:`Store.release`).
+    """
+
+    job: str
+    token: int
+    state: RunState
+    lease: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.state in (RunState.LOST, RunState.ABANDONED):
+            raise ValueError(f"a held run is renewed, dispatched or ended, not {self.state.value}")
+
+
+@dataclass(frozen=True)
+class JobStats:
+    """A job's counts since its first slot, kept by the store's own steps (:meth:`Store.stats`)."""
+
+    job: str
+    #: Attempts started: claims won and takeovers.
+    runs: int
+    #: Attempts that took a slot over (a crashed, frozen or handed-over run).
+    takeovers: int
+    #: Runs finished ``done``, and ``failed``.
+    done: int
+    failed: int
+    #: When the last run finished ``done`` / ``failed``, store-clock Unix seconds.
+    last_success: float | None
+    last_failure: float | None
+
+
+@dataclass(frozen=True)
+class Paused:
+    """What is paused in a namespace (:meth:`Store.paused`)."""
+
+    #: The whole namespace: no job's slot starts.
+    namespace: bool
+    #: The jobs paused by name, sorted (each stays paused when the namespace resumes).
+    jobs: tuple[str, ...]
+
+    def covers(self, job: str) -> bool:
+        """Whether a claim of ``job`` is refused."""
+        return self.namespace or job in self.jobs
+
+
+#: The key of a namespace's own pause among the pause marks (no job has this name).
+NAMESPACE_PAUSE = ""
+
+
+@dataclass(frozen=True)
+class InstanceRecord:
+    """One live instance in a store's registry (:meth:`Store.announce`)."""
+
+    instance: str
+    #: What the instance said of itself (host, pid, version, jobs...).
+    info: dict[str, Any]
+    #: Seconds since it last announced itself, by the store's clock.
+    age: float
+    #: Seconds left before its record expires, by the store's clock.
+    expires_in: float
+
+
+@dataclass(frozen=True)
 class RunRecord:
     """One attempt of one slot, as kept in the history."""
 
@@ -129,6 +212,31 @@ class RunRecord:
     ended_at: float | None
 
 
+def each(step: Callable[[T], R], items: Sequence[T]) -> list[R]:
+    """``step`` of every item in turn, for a batch whose items go through one by one.
+
+    An outage stops the batch (:class:`StoreUnavailable`, as any call); an
+    item the store refuses alone does not: the others go on, and the batch
+    then raises :class:`BatchRefused` with every item's answer or error.
+    """
+    answers: list[R | Exception] = []
+    for item in items:
+        try:
+            answers.append(step(item))
+        except StoreUnavailable:
+            raise
+        except Exception as exc:
+            answers.append(exc)
+    return refused_if_any(answers)
+
+
+def refused_if_any(answers: Sequence[R | BaseException]) -> list[R]:
+    """``answers``, or :class:`BatchRefused` if any of them is an error."""
+    if any(isinstance(answer, BaseException) for answer in answers):
+        raise BatchRefused(answers)
+    return list(answers)  # type: ignore[arg-type]
+
+
 class Store(abc.ABC):
     """A shared store bound to one namespace.
 
@@ -140,6 +248,8 @@ class Store(abc.ABC):
     #: Whether the store keeps leases (renew, takeover, hand-over). Claim-only
     #: stores pick a winner per slot and nothing more (see :class:`ClaimOnlyStore`).
     supports_lease: bool = True
+    #: Whether the store keeps a registry of live instances (:meth:`announce`).
+    keeps_registry: bool = False
     #: Whether a lease's end is measured from when the reader first saw the record
     #: (NATS: no server clock) rather than by the store's clock: a record left
     #: running long ago then looks live to an instance that just started.
@@ -177,7 +287,11 @@ class Store(abc.ABC):
           ``dispatched`` and awaiting pickup): **busy** (the previous run is
           still going; this slot is skipped, "overlap");
         - the record holds this very slot: **taken**;
-        - the record holds a newer slot: **stale**.
+        - the record holds a newer slot: **stale**;
+        - the job or its namespace is paused (:meth:`pause`), whatever the
+          record: **paused**, nothing written. The pause is read in the same
+          atomic step as the claim's write (each store says how), so a claim
+          begun after :meth:`pause` returned never wins.
 
         Tokens rise with every claim and takeover of a job and never repeat, so
         they serve as fencing values: a handler may pass ``run.token`` to its own
@@ -189,9 +303,11 @@ class Store(abc.ABC):
 
         A batch lets an instance make one round trip per tick whatever the
         number of jobs due. This loops over :meth:`claim`; stores that can do
-        better override it.
+        better override it. Items the store refuses alone while it applies the
+        others raise :class:`~anarchon_core.BatchRefused` at the end, with
+        every item's answer.
         """
-        return [self.claim(r.job, r.slot_ms, owner, r.lease) for r in requests]
+        return each(lambda r: self.claim(r.job, r.slot_ms, owner, r.lease), requests)
 
     @abc.abstractmethod
     def takeover(self, job: str, slot_ms: int, owner: str, lease: float, seen_token: int) -> Claim:
@@ -259,6 +375,27 @@ class Store(abc.ABC):
         ``False``. The history records the end.
         """
 
+    def change_many(self, changes: Sequence[Change]) -> list[bool]:
+        """Apply several changes to held runs at once; answers in the order of ``changes``.
+
+        Each change is its own atomic step with the answer of the method it
+        stands for (:class:`Change`); the batch as a whole is not atomic. A
+        batch lets an instance finish and renew every run due in one round
+        trip. This loops over those methods; stores that can do better
+        override it. Refusals are answered as by :meth:`claim_many`.
+        """
+        return each(self._apply_change, changes)
+
+    def _apply_change(self, change: Change) -> bool:
+        """One :class:`Change`, by the method it stands for."""
+        if change.state is RunState.RUNNING:
+            return self.renew(change.job, change.token, change.lease)
+        if change.state is RunState.DISPATCHED:
+            return self.dispatch(change.job, change.token, change.lease)
+        if change.state is RunState.RELEASED:
+            return self.release(change.job, change.token)
+        return self.finish(change.job, change.token, change.state)
+
     @abc.abstractmethod
     def states(self, jobs: Iterable[str]) -> dict[str, JobState]:
         """Current records of ``jobs``; jobs with no record are left out.
@@ -275,9 +412,135 @@ class Store(abc.ABC):
     def history(self, job: str, limit: int = 20) -> list[RunRecord]:
         """The most recent attempts of ``job``, newest first (at most :data:`HISTORY` kept)."""
 
+    def stats(self, jobs: Iterable[str]) -> dict[str, JobStats]:
+        """The counts of ``jobs`` (those with none yet are left out).
+
+        Each count changes in the same atomic step as the record it counts
+        (a claim won, a takeover, a finish), so it never disagrees with it;
+        a finish re-sent is not counted twice. Stores that keep no records
+        answer an empty dict.
+        """
+        return {}
+
     @abc.abstractmethod
     def jobs(self) -> list[str]:
         """Names of the jobs that have a record in this namespace, sorted."""
+
+    def announce(self, instance: str, info: Mapping[str, Any], ttl: float) -> list[InstanceRecord]:
+        """Record ``instance`` as live for ``ttl`` seconds, and answer every live instance.
+
+        One atomic step: the instance's record (``info``, a JSON object of at
+        most :data:`MAX_INFO` bytes) is written with an expiry ``ttl`` seconds
+        (1 s to 1 h) from the store's now, records past their expiry are
+        removed, and the live ones are answered, sorted by name, this one
+        included. Stores that keep no registry answer an empty list.
+        """
+        from .jobs import check_name  # jobs imports this module
+
+        check_name(instance, "instance name")
+        if not MIN_TTL <= ttl <= MAX_TTL:
+            raise ValueError(f"ttl={ttl!r}: a registry record lives 1 s to 1 h")
+        text = json.dumps(dict(info), sort_keys=True, separators=(",", ":"))
+        if len(text.encode()) > MAX_INFO:
+            raise ValueError(f"info of {instance!r} is over {MAX_INFO} bytes of JSON")
+        return self._announce(instance, text, ttl) if self.keeps_registry else []
+
+    def _announce(self, instance: str, info: str, ttl: float) -> list[InstanceRecord]:
+        """:meth:`announce` with ``info`` as JSON text; stores that keep a registry override it."""
+        return []
+
+    def withdraw(self, instance: str) -> None:  # noqa: B027 - stores without a registry
+        """Remove ``instance``'s record from the registry (an instance that stops)."""
+
+    def instances(self) -> list[InstanceRecord]:
+        """The live instances of the registry, sorted by name (empty if none is kept)."""
+        return []
+
+    #: Whether the store keeps pause marks (every lease store does).
+    keeps_controls: bool = True
+
+    def pause(self, job: str | None = None) -> bool:
+        """Pause ``job`` (or, with ``None``, the whole namespace): its claims answer **paused**.
+
+        ``True`` if this changed anything, ``False`` if it was paused already.
+        A run that holds its lease is not interrupted: it renews, finishes and
+        is taken over as before; only slots not yet started are refused. A
+        job's pause and the namespace's are kept apart: resuming one leaves
+        the other.
+        """
+        return self._set_pause(self._mark_of(job), True)
+
+    def resume(self, job: str | None = None) -> bool:
+        """Undo :meth:`pause`; ``True`` if ``job`` (or the namespace) was paused."""
+        return self._set_pause(self._mark_of(job), False)
+
+    def paused(self) -> Paused:
+        """The namespace's pause and the jobs paused by name."""
+        self._check_controls()
+        marks = self._pause_marks()
+        return Paused(NAMESPACE_PAUSE in marks, tuple(sorted(marks - {NAMESPACE_PAUSE})))
+
+    def _mark_of(self, job: str | None) -> str:
+        from .jobs import check_name  # jobs imports this module
+
+        self._check_controls()
+        return NAMESPACE_PAUSE if job is None else check_name(job)
+
+    def _check_controls(self) -> None:
+        if not self.keeps_controls:
+            raise ConfigurationError(
+                f"{type(self).__name__} keeps no pause marks: pausing needs a lease store"
+                " (Redis, Valkey, PostgreSQL, SQLite, libSQL or NATS)"
+            )
+
+    def _set_pause(self, key: str, on: bool) -> bool:
+        """Add (``on``) or remove the pause mark ``key`` (a job, or :data:`NAMESPACE_PAUSE`).
+
+        ``True`` if the marks changed. Stores that keep leases override it.
+        """
+        raise NotImplementedError(f"{type(self).__name__} keeps no pause marks")
+
+    def _pause_marks(self) -> set[str]:
+        """Every pause mark of the namespace (job names and :data:`NAMESPACE_PAUSE`)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no pause marks")
+
+    def controls(self, *prefixes: str) -> dict[str, tuple[int, str]]:
+        """The control entries whose key starts with one of ``prefixes`` (all entries
+        without any): key -> (version, value), in one read.
+
+        Control entries are small JSON texts (requests to run a job now, ...)
+        kept beside the jobs' records, each with a version that changes with
+        every write. See :meth:`set_control`.
+        """
+        self._check_controls()
+        return self._controls(prefixes or ("",))
+
+    def set_control(self, key: str, value: str | None, expected: int) -> int:
+        """Compare-and-set one control entry: write ``value`` (``None``: remove it).
+
+        Only if the entry's version is ``expected`` (``0``: only if there is
+        no entry); otherwise nothing is written and
+        :class:`~anarchon_core.errors.Conflict` says which version is there.
+        Returns the new version (0 once removed). One atomic step.
+        """
+        self._check_controls()
+        if not 1 <= len(key) <= MAX_CONTROL_KEY or not key.isprintable():
+            raise ValueError(
+                f"control key {key[:40]!r}: 1 to {MAX_CONTROL_KEY} printable characters"
+            )
+        if value is not None and len(value.encode()) > MAX_CONTROL_VALUE:
+            raise ValueError(f"control {key!r}: over {MAX_CONTROL_VALUE} bytes")
+        if value == "":
+            raise ValueError(f"control {key!r}: the value is empty (control values are JSON)")
+        if expected < 0:
+            raise ValueError(f"control {key!r}: expected version {expected} < 0")
+        return self._set_control(key, value, expected)
+
+    def _controls(self, prefixes: tuple[str, ...]) -> dict[str, tuple[int, str]]:
+        raise NotImplementedError(f"{type(self).__name__} keeps no control entries")
+
+    def _set_control(self, key: str, value: str | None, expected: int) -> int:
+        raise NotImplementedError(f"{type(self).__name__} keeps no control entries")
 
     def ping(self) -> None:
         """Reach the store once: StoreUnavailable if it cannot, or refuses this client."""
@@ -328,6 +591,12 @@ class Store(abc.ABC):
         return JobState(job, int(slot_ms), owner, int(attempt), int(token), state, remaining)
 
     @staticmethod
+    def _instance_record(row: Sequence[Any]) -> InstanceRecord:
+        """A registry record from a row of (instance, info JSON, age, expires in)."""
+        instance, info, age, expires_in = row
+        return InstanceRecord(instance, json.loads(info), float(age), float(expires_in))
+
+    @staticmethod
     def _run_record(row: Sequence[Any]) -> RunRecord:
         """An attempt from a database row of its fields, in order."""
         job, slot_ms, attempt, token, owner, state, started_at, ended_at = row
@@ -346,6 +615,7 @@ class ClaimOnlyStore(Store):
     """
 
     supports_lease = False
+    keeps_controls = False
 
     def takeover(self, job: str, slot_ms: int, owner: str, lease: float, seen_token: int) -> Claim:
         """Always **taken**: a lost run is never taken over."""

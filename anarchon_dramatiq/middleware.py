@@ -31,10 +31,12 @@ from typing import Any
 
 import dramatiq.errors
 from dramatiq import Actor, Broker, Middleware, Worker
+from dramatiq.errors import ActorNotFound
 from dramatiq.middleware import Retries, SkipMessage
 
 from anarchon_core import AnarchonError, DispatchFailed, JobOptions, Run, RunState
 from anarchon_core import Scheduler as Engine
+from anarchon_core.control import Definition
 from anarchon_core.durations import Duration, parse_duration
 from anarchon_core.handoff import (
     DEFAULT_PICKUP,
@@ -44,6 +46,7 @@ from anarchon_core.handoff import (
     take,
     tracked_ticket,
 )
+from anarchon_core.jobs import DISPATCH_JITTER
 from anarchon_core.urls import check_namespace, redact
 
 from .broker_store import broker_store_url
@@ -99,6 +102,8 @@ class Anarchon(Middleware):
         scheduler: bool = True,
     ) -> None:
         self.namespace = check_namespace(namespace or "dramatiq")
+        if jitter is None:
+            jitter = DISPATCH_JITTER
         self.defaults = JobOptions.build(lease=lease, jitter=jitter, catch_up=catch_up)
         self.pickup = parse_duration("pickup", pickup)
         self.scheduler = scheduler
@@ -146,6 +151,7 @@ class Anarchon(Middleware):
             catch_up=defaults.catch_up,
             inline=True,
         )
+        engine.resolve = lambda definition: self._stored(broker, engine, definition)
         for spec in self.periodic.values():
             engine.add_job(
                 self._dispatcher(broker, engine, spec.actor_name),
@@ -158,14 +164,42 @@ class Anarchon(Middleware):
             )
         return engine
 
-    def _dispatcher(self, broker: Broker, engine: Engine, name: str) -> Any:
+    def _stored(self, broker: Broker, engine: Engine, definition: Definition) -> Any:
+        """The handler of a schedule stored at run time: the actor it names, if declared here.
+
+        Its message carries the definition's ``args`` and ``kwargs``, and its
+        ``options`` as message options.
+        """
+        try:
+            broker.get_actor(definition.handler)
+        except ActorNotFound:
+            return None
+        return self._dispatcher(
+            broker,
+            engine,
+            definition.handler,
+            args=tuple(definition.args),
+            kwargs=dict(definition.kwargs),
+            options=dict(definition.options),
+        )
+
+    def _dispatcher(self, broker: Broker, engine: Engine, name: str, **message: Any) -> Any:
         def dispatch(run: Run) -> None:
-            self.send(broker, engine, name, run)
+            self.send(broker, engine, name, run, **message)
 
         dispatch.__name__ = f"send {name}"
         return dispatch
 
-    def send(self, broker: Broker, engine: Engine, name: str, run: Run) -> None:
+    def send(
+        self,
+        broker: Broker,
+        engine: Engine,
+        name: str,
+        run: Run,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> None:
         """Send the actor's message for ``run``: its ``anarchon`` option names slot and attempt.
 
         A broker that cannot be reached raises :class:`~anarchon_core.DispatchFailed`:
@@ -176,7 +210,7 @@ class Anarchon(Middleware):
             engine, run, pickup=self.pickup, tracked=engine.store.supports_lease
         )
         message = broker.get_actor(name).message_with_options(
-            args=(), kwargs={}, **{OPTION: ticket.to_message()}
+            args=args, kwargs=kwargs or {}, **{**(options or {}), OPTION: ticket.to_message()}
         )
         if ticket.tracked:
             # The worker that processes the message renews and finishes the slot from now on.
@@ -188,9 +222,13 @@ class Anarchon(Middleware):
             raise DispatchFailed(f"the broker is unreachable: {exc}") from exc
 
     def after_worker_boot(self, broker: Broker, worker: Worker) -> None:
-        """Every actor module is imported: the process holding the pod lock runs the engine."""
+        """Every actor module is imported: the process holding the pod lock runs the engine.
+
+        Also with no periodic actor declared: schedules stored at run time
+        (``dramatiq-anarchon add``) name actors too.
+        """
         self._broker = broker
-        if not self.scheduler or not self.periodic:
+        if not self.scheduler:
             return
         self._pod_lock = PodLock.of_this_command(self.namespace, self.store_url(broker))
         self._stop.clear()

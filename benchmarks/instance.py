@@ -14,12 +14,23 @@ import signal
 import threading
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 from anarchon_core import Run, Scheduler, open_store
 
 #: The store methods counted as round trips (each is one call to the server).
-CALLS = ("claim", "claim_many", "takeover", "renew", "dispatch", "finish", "release", "states")
+CALLS = (
+    "claim",
+    "claim_many",
+    "takeover",
+    "renew",
+    "dispatch",
+    "finish",
+    "release",
+    "change_many",
+    "states",
+)
 
 
 def count_calls(store: Any, counts: Counter[str]) -> None:
@@ -34,6 +45,18 @@ def count_calls(store: Any, counts: Counter[str]) -> None:
         setattr(store, name, counted)
 
 
+def peak_rss_mb() -> float:
+    """This process's peak resident set since it started, in MB.
+
+    ``VmHWM`` starts again at exec; ``getrusage``'s ``ru_maxrss`` does not on
+    Linux (it keeps the peak of the forking parent).
+    """
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--store", required=True)
@@ -41,6 +64,7 @@ def main() -> None:
     parser.add_argument("--name", required=True)
     parser.add_argument("--jobs", type=int, required=True)
     parser.add_argument("--every", type=float, required=True)
+    parser.add_argument("--cron", help="a cron expression instead of --every")
     parser.add_argument("--jitter", type=float, default=0.0)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
@@ -58,22 +82,35 @@ def main() -> None:
 
     cron = Scheduler(store, instance=args.name, jitter=args.jitter)
     for n in range(args.jobs):
-        cron.add_job(handler, name=f"job{n:05d}", every=args.every)
+        if args.cron:
+            cron.add_job(handler, name=f"job{n:05d}", cron=args.cron)
+        else:
+            cron.add_job(handler, name=f"job{n:05d}", every=args.every)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    began_cpu, began = time.process_time(), time.monotonic()
+    # SIGUSR1 marks the start of the measured window: CPU and calls count from then.
+    mark: dict[str, Any] = {"cpu": time.process_time(), "wall": time.monotonic()}
+    mark["counts"] = Counter[str]()
+
+    def on_mark(*_: Any) -> None:
+        mark.update(cpu=time.process_time(), wall=time.monotonic(), counts=Counter(counts))
+        mark["events"] = Counter(cron.stats)
+
+    signal.signal(signal.SIGUSR1, on_mark)
     cron.start()
     with open(args.out + ".ready", "w"):
         pass  # the runner starts counting slots once every instance runs
     stop.wait()
     cron.stop()
-    cpu, wall = time.process_time() - began_cpu, time.monotonic() - began
+    cpu, wall = time.process_time() - mark["cpu"], time.monotonic() - mark["wall"]
     store.close()
     with open(args.out, "w") as out:
         for slot_id, slot, started in runs:
             out.write(json.dumps({"slot": slot_id, "at": slot, "started": started}) + "\n")
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        stats = {"calls": dict(counts), "cpu": cpu, "wall": wall, "rss_mb": rss}
+        rss = peak_rss_mb()
+        calls = dict(counts - mark["counts"])
+        events = dict(Counter(cron.stats) - mark.get("events", Counter()))
+        stats = {"calls": calls, "cpu": cpu, "wall": wall, "rss_mb": rss, "events": events}
         out.write(json.dumps({"stats": stats}) + "\n")
 
 

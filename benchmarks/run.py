@@ -1,12 +1,13 @@
-"""Run one benchmark case, or the suite, and print the figures as a Markdown table.
+"""Run one benchmark case, or the suite, and print the figures as Markdown tables.
 
 A case: ``--instances`` processes, each a scheduler with the same ``--jobs``
-jobs every ``--every`` seconds on one store, for ``--seconds``; handlers return
-at once. Measured, from what every instance recorded:
+jobs every ``--every`` seconds (or on ``--cron``) on one store, for
+``--seconds`` after two ticks of warm-up; handlers return at once. Measured,
+from what every instance recorded:
 
 - lateness: when a slot's handler started, minus the slot's time (p50, p99, max);
 - slots doubled (run more than once) and missed (due in the window, never run);
-- the share of wins of the busiest instance;
+- the shares of wins of the busiest and the least busy instance;
 - store calls per instance per tick (each is one round trip);
 - CPU per instance (share of one core) and its peak RSS.
 
@@ -15,9 +16,13 @@ One case::
     .venv/bin/python -m benchmarks.run --store redis://127.0.0.1:6379/0 \\
         --jobs 1000 --instances 3 --every 10 --seconds 60
 
-The suite (writes docs/benchmarks.md)::
+The suite, each part a table of docs/benchmarks.md (``engine``: the cases of
+:data:`SUITE`; ``failover``: benchmarks/failover.py; ``celery``:
+benchmarks/celery_beat.py; ``apscheduler``: benchmarks/apscheduler_peer.py
+beside anarchon on PostgreSQL); it needs the ``bench`` dependency group::
 
     .venv/bin/python -m benchmarks.run --suite --write docs/benchmarks.md
+    .venv/bin/python -m benchmarks.run --suite --parts celery --write docs/benchmarks.md
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import json
 import math
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
@@ -34,16 +40,29 @@ import tempfile
 import time
 import uuid
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
-#: The cases of the suite: (store URL, jobs, instances, every, seconds, jitter).
-SUITE = [
-    ("redis://127.0.0.1:6379/0", 100, 3, 10.0, 60, 0.0),
-    ("redis://127.0.0.1:6379/0", 1000, 3, 10.0, 60, 0.0),
-    ("postgresql://postgres@127.0.0.1:5432/test", 100, 3, 10.0, 60, 0.0),
-    ("postgresql://postgres@127.0.0.1:5432/test", 1000, 3, 10.0, 60, 0.0),
+REDIS = "redis://127.0.0.1:6379/0"
+POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
+
+#: The cases of the suite: (store URL, jobs, instances, every, seconds, jitter[, cron]).
+#: Growth with jobs (100 / 1,000 / 10,000 x 3 instances) and with instances
+#: (1 / 3 / 10 x 1,000 jobs) on Redis, 10,000 jobs x 10 instances for 5
+#: minutes, PostgreSQL, and an idle fleet on a minute cron.
+SUITE: list[tuple[Any, ...]] = [
+    (REDIS, 100, 3, 10.0, 60, 0.0),
+    (REDIS, 1000, 3, 10.0, 60, 0.0),
+    (REDIS, 10000, 3, 10.0, 60, 0.0),
+    (REDIS, 1000, 1, 10.0, 60, 0.0),
+    (REDIS, 1000, 10, 10.0, 60, 0.0),
+    (REDIS, 10000, 10, 10.0, 300, 0.0),
+    (POSTGRES, 100, 3, 10.0, 60, 0.0),
+    (POSTGRES, 1000, 3, 10.0, 60, 0.0),
+    (POSTGRES, 10000, 3, 10.0, 60, 0.0),
+    (REDIS, 1000, 3, 60.0, 120, 0.0, "* * * * *"),
 ]
 
 
@@ -61,8 +80,18 @@ class Result:
     calls_per_tick: float
     cpu_share: float
     rss_mb: float
+    least_share: float = 0.0
+    cron: str | None = None
+    #: PostgreSQL only: committed transactions (server-wide) per slot run.
+    pg_per_slot: float | None = None
+    #: The events of every instance over the whole run, by kind.
+    events: Counter[str] = field(default_factory=Counter)
 
-    def row(self) -> str:
+    def row(self, peer: bool = False) -> str:
+        """The table's row; ``peer``: with PostgreSQL's transactions per slot last."""
+        if peer:
+            pg = "-" if self.pg_per_slot is None else f"{self.pg_per_slot:.1f}"
+            return Result.row(self) + f" {pg} |"
         late = sorted(self.lateness)
 
         def q(p: float) -> str:
@@ -71,49 +100,103 @@ class Result:
             return f"{late[min(len(late) - 1, int(len(late) * p))] * 1000:.0f}"
 
         scheme = self.store.split(":", 1)[0]
+        every = f"`{self.cron}`" if self.cron else f"{self.every:g} s"
         return (
-            f"| {scheme} | {self.jobs} | {self.instances} | {self.every:g} s |"
+            f"| {scheme} | {self.jobs} | {self.instances} | {every} | {self.seconds:g} s |"
             f" {q(0.5)} / {q(0.99)} / {late[-1] * 1000 if late else 0:.0f} |"
-            f" {self.doubled} | {self.missed} | {self.busiest_share:.0%} |"
-            f" {self.calls_per_tick:.1f} | {self.cpu_share:.1%} | {self.rss_mb:.0f} |"
+            f" {self.doubled} | {self.missed} |"
+            f" {self.busiest_share:.0%} / {self.least_share:.0%} |"
+            f" {self.calls_per_tick:.1f} | {self.cpu_share:.2%} | {self.rss_mb:.0f} |"
         )
 
 
 HEADER = (
-    "| Store | Jobs | Instances | Every | Lateness p50 / p99 / max (ms) | Doubled | Missed"
-    " | Busiest instance's wins | Store calls per instance per tick | CPU per instance"
-    " | RSS (MB) |\n|---|---|---|---|---|---|---|---|---|---|---|"
+    "| Store | Jobs | Instances | Every | Run | Lateness p50 / p99 / max (ms) | Doubled"
+    " | Missed | Wins of the busiest / least busy instance | Store calls per instance per tick"
+    " | CPU per instance | RSS (MB) |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
 def run_case(
-    store: str, jobs: int, instances: int, every: float, seconds: float, jitter: float
+    store: str,
+    jobs: int,
+    instances: int,
+    every: float,
+    seconds: float,
+    jitter: float,
+    cron: str | None = None,
+    profile: Path | None = None,
 ) -> Result:
+    """Run one case; with ``profile``, py-spy samples the first instance over the
+    measured window into that file (raw, one stack per line; see :func:`top_frames`)."""
     namespace = f"bench-{uuid.uuid4().hex[:8]}"
     tmp = Path(tempfile.mkdtemp(prefix="anarchon-bench-"))
-    procs = []
-    for k in range(instances):
-        out = tmp / f"i{k}.jsonl"
-        argv = [sys.executable, "-m", "benchmarks.instance", "--store", store]
-        argv += ["--namespace", namespace, "--name", f"i{k}", "--jobs", str(jobs)]
-        argv += ["--every", str(every), "--jitter", str(jitter), "--out", str(out)]
-        procs.append((subprocess.Popen(argv, cwd=Path(__file__).parents[1]), out))
-    deadline = time.monotonic() + 60
+    procs: list[tuple[subprocess.Popen[bytes], Path]] = []
+    try:
+        for k in range(instances):
+            out = tmp / f"i{k}.jsonl"
+            argv = [sys.executable, "-m", "benchmarks.instance", "--store", store]
+            argv += ["--namespace", namespace, "--name", f"i{k}", "--jobs", str(jobs)]
+            argv += ["--every", str(every), "--jitter", str(jitter), "--out", str(out)]
+            argv += ["--cron", cron] if cron else []
+            procs.append((subprocess.Popen(argv, cwd=Path(__file__).parents[1]), out))
+        return _measure(procs, store, namespace, jobs, instances, every, seconds, cron, profile)
+    finally:
+        for proc, _ in procs:  # whatever failed, no instance outlives its case
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def _measure(
+    procs: list[tuple[subprocess.Popen[bytes], Path]],
+    store: str,
+    namespace: str,
+    jobs: int,
+    instances: int,
+    every: float,
+    seconds: float,
+    cron: str | None,
+    profile: Path | None,
+) -> Result:
+    """The figures of the case whose instances ``procs`` are starting."""
+    deadline = time.monotonic() + 60 + jobs / 100
     while not all(Path(f"{out}.ready").exists() for _, out in procs):
         if time.monotonic() > deadline or any(p.poll() is not None for p, _ in procs):
-            for proc, _ in procs:
-                proc.kill()
             raise RuntimeError("the benchmark's instances did not start")
         time.sleep(0.05)
+    # Two ticks of warm-up: instances learn of each other from the store's registry.
+    time.sleep(2 * every)
+    commits = _xact_commit(store)
     began = time.time()
+    for proc, _ in procs:
+        proc.send_signal(signal.SIGUSR1)  # CPU and store calls count from now
+    spy = None
+    if profile is not None:
+        py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+        spy_argv = [py_spy, "record", "-p", str(procs[0][0].pid), "-d", str(int(seconds))]
+        spy_argv += ["-r", "100", "-f", "raw", "-o", str(profile), "--nonblocking"]
+        spy = subprocess.Popen(
+            spy_argv,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
     time.sleep(seconds)
+    if spy is not None:
+        _stop_profiler(spy)
     ended = time.time()
+    commits = _xact_commit(store) - commits
     for proc, _ in procs:
         proc.send_signal(signal.SIGTERM)
     for proc, _ in procs:
         proc.wait(60)
+    # The slots measured: due while every instance ran (after the window's start
+    # and one interval, before its last second).
+    first = math.ceil((began + every) / every) * every
+    due = [first + n * every for n in range(int((ended - 1 - first) // every) + 1)]
     runs: Counter[str] = Counter()
     wins: Counter[int] = Counter()
+    events: Counter[str] = Counter()
     lateness: list[float] = []
     calls = cpu = rss = 0.0
     wall = 0.0
@@ -126,16 +209,16 @@ def run_case(
                 cpu += stats["cpu"]
                 wall = max(wall, stats["wall"])
                 rss = max(rss, stats["rss_mb"])
+                events.update(stats.get("events", {}))
                 continue
-            runs[record["slot"]] += 1
-            wins[k] += 1
-            lateness.append(record["started"] - record["at"])
-    # Slots due while every instance ran (after the first, before the last second).
-    first = math.ceil((began + every) / every) * every
-    due = [first + n * every for n in range(int((ended - 1 - first) // every) + 1)]
+            if due and first <= record["at"] <= due[-1]:
+                runs[record["slot"]] += 1
+                wins[k] += 1
+                lateness.append(record["started"] - record["at"])
     expected = {f"job{n:05d}@{round(t * 1000)}" for n in range(jobs) for t in due}
     ticks = max(1.0, wall / every) * instances
     _drop(store, namespace)
+    total = max(1, sum(wins.values()))
     return Result(
         store,
         jobs,
@@ -145,11 +228,76 @@ def run_case(
         lateness,
         sum(1 for n in runs.values() if n > 1),
         len(expected - set(runs)),
-        max(wins.values()) / max(1, sum(wins.values())),
+        max(wins.values(), default=0) / total,
         calls / ticks,
         cpu / max(wall, 1e-9) / instances,
         rss,
+        min((wins.get(k, 0) for k in range(instances)), default=0) / total,
+        cron,
+        commits / total if store.startswith("postgres") else None,
+        events,
     )
+
+
+def _stop_profiler(spy: subprocess.Popen[bytes]) -> None:
+    """Let py-spy end its recording; one that lags behind a busy machine is told
+    to stop (it writes what it sampled on SIGINT), and at last killed."""
+    try:
+        spy.wait(30)
+        return
+    except subprocess.TimeoutExpired:
+        spy.send_signal(signal.SIGINT)
+    try:
+        spy.wait(60)
+    except subprocess.TimeoutExpired:
+        spy.kill()
+        spy.wait()
+
+
+def top_frames(profile: Path, count: int = 15) -> list[str]:
+    """The functions of most samples in a py-spy raw profile: Markdown rows of
+    (function, share of samples in it and below, share in it alone)."""
+    inside: Counter[str] = Counter()
+    alone: Counter[str] = Counter()
+    total = 0
+    for line in profile.read_text().splitlines():
+        stack, _, samples = line.rpartition(" ")
+        n = int(samples)
+        total += n
+        frames = [f.split(" (")[0] for f in stack.split(";") if f]
+        if not frames:
+            continue
+        alone[frames[-1]] += n
+        for frame in set(frames):
+            inside[frame] += n
+    # Thread plumbing, the loop's frames, and the benchmark's own counting of store calls.
+    skip = (
+        "Thread.",
+        "_bootstrap",
+        "Scheduler._loop",
+        "Scheduler.run_pending",
+        "<module>",
+        "count_calls",
+    )
+    rows: list[str] = []
+    for frame, n in inside.most_common():
+        if frame.startswith(skip) or len(rows) >= count:
+            continue
+        rows.append(f"| `{frame}` | {n / max(total, 1):.0%} | {alone[frame] / max(total, 1):.0%} |")
+    return rows
+
+
+def _xact_commit(store: str) -> int:
+    """PostgreSQL's committed transactions so far in the store's database (0 elsewhere)."""
+    if not store.startswith("postgres"):
+        return 0
+    import psycopg
+
+    with psycopg.connect(store, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+        ).fetchone()
+    return int(row[0]) if row else 0
 
 
 def _drop(store: str, namespace: str) -> None:
@@ -160,6 +308,59 @@ def _drop(store: str, namespace: str) -> None:
     drop_namespace(store, namespace)
 
 
+#: The parts of the suite: each a table of its own in docs/benchmarks.md.
+PARTS = ("engine", "failover", "celery", "apscheduler")
+#: The engine's cases profiled with py-spy (their first instance, over the window).
+PROFILED = {(REDIS, 1000, 3), (REDIS, 10000, 10), (POSTGRES, 10000, 3)}
+
+
+#: Events that a fleet keeping up never reports.
+UNUSUAL = ("overlap", "finish_refused", "catch_up", "missed", "lost", "takeover")
+#: The profiles of the last engine part: (case, rows of :func:`top_frames`).
+PROFILES: list[tuple[str, list[str]]] = []
+
+
+def suite_part(part: str) -> tuple[str, list[str]]:
+    """Run one part of the suite: its table's header and rows, printed as they come."""
+    if part == "engine":
+        header, rows, profiles = HEADER, [], []
+        print(header, flush=True)
+        for case in SUITE:
+            profile = None
+            if tuple(case[:3]) in PROFILED and len(case) == 6:
+                profile = Path(tempfile.mkdtemp(prefix="anarchon-profile-")) / "profile.raw"
+            store, jobs, instances, every, seconds, jitter = case[:6]
+            cron = case[6] if len(case) > 6 else None
+            result = run_case(store, jobs, instances, every, seconds, jitter, cron, profile)
+            rows.append(result.row())
+            print(rows[-1], flush=True)
+            unusual = {k: result.events[k] for k in UNUSUAL if result.events[k]}
+            print(f"events: {unusual or 'none of ' + ', '.join(UNUSUAL)}", flush=True)
+            if profile is not None and profile.exists():
+                scheme = case[0].split(":", 1)[0]
+                title = f"{scheme}, {case[1]} jobs x {case[2]} instances"
+                profiles.append((title, top_frames(profile)))
+        PROFILES[:] = profiles
+        return header, rows
+    if part == "failover":
+        from benchmarks import failover
+
+        return failover.HEADER, failover.run()
+    if part == "celery":
+        from benchmarks import celery_beat
+
+        return celery_beat.HEADER, celery_beat.run(entries=1000, seconds=60)
+    from benchmarks import apscheduler_peer
+
+    head, rule = apscheduler_peer.HEADER.splitlines()
+    rows = []
+    for jobs in (100, 1000, 10000):
+        rows.append("| anarchon " + run_case(POSTGRES, jobs, 3, 10.0, 60, 0.0).row(peer=True))
+        rows.append("| APScheduler 4.0.0a6 " + apscheduler_peer.run_case(jobs, 3, 10.0, 60).row())
+        print(rows[-2], rows[-1], sep="\n", flush=True)
+    return f"| Scheduler {head}\n|---{rule}", rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="benchmarks.run", description=__doc__.splitlines()[0])
     parser.add_argument("--store", default="redis://127.0.0.1:6379/0")
@@ -168,32 +369,47 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--every", type=float, default=10.0)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--jitter", type=float, default=0.0)
-    parser.add_argument("--suite", action="store_true", help="run every case of SUITE")
-    parser.add_argument("--write", help="with --suite: write the table into this Markdown page")
-    args = parser.parse_args(argv)
-    cases = (
-        SUITE
-        if args.suite
-        else [(args.store, args.jobs, args.instances, args.every, args.seconds, args.jitter)]
+    parser.add_argument("--cron", help="a cron expression instead of --every")
+    parser.add_argument("--profile", help="py-spy the first instance into this file (raw)")
+    parser.add_argument("--suite", action="store_true", help="run every part of the suite")
+    parser.add_argument(
+        "--parts", default=",".join(PARTS), help=f"with --suite: which of {', '.join(PARTS)}"
     )
-    rows = []
-    print(HEADER, flush=True)
-    for case in cases:
-        result = run_case(*case)
-        rows.append(result.row())
-        print(rows[-1], flush=True)
-    if args.write:
-        _write(Path(args.write), rows, "python -m benchmarks.run " + " ".join(sys.argv[1:]))
+    parser.add_argument("--write", help="with --suite: write the tables into this Markdown page")
+    args = parser.parse_args(argv)
+    if not args.suite:
+        print(HEADER, flush=True)
+        case = (args.store, args.jobs, args.instances, args.every, args.seconds, args.jitter)
+        profile = Path(args.profile) if args.profile else None
+        result = run_case(*case, args.cron, profile)
+        print(result.row(), flush=True)
+        print("\nEvents of every instance:", {k: result.events[k] for k in UNUSUAL})
+        if profile is not None:
+            print("\n| Function | Samples in it and below | In it alone |\n|---|---|---|")
+            print("\n".join(top_frames(profile)), flush=True)
+        return 0
+    command = "python -m benchmarks.run " + " ".join(sys.argv[1:] if argv is None else argv)
+    for part in args.parts.split(","):
+        if part not in PARTS:
+            parser.error(f"--parts: {part!r} is not one of {', '.join(PARTS)}")
+        header, rows = suite_part(part)
+        if args.write:
+            _write(Path(args.write), part, header, rows, command)
+            for title, frames in PROFILES if part == "engine" else []:
+                block = f"{title}:\n\n| Function | Samples in it and below | In it alone |"
+                block += "\n|---|---|---|"
+                _write(Path(args.write), f"profile {title}", block, frames, command)
     return 0
 
 
-def _write(page: Path, rows: list[str], command: str) -> None:
+def _write(page: Path, part: str, header: str, rows: list[str], command: str) -> None:
+    """Put the table of ``part`` between its markers in ``page`` (added at the end if absent)."""
     text = page.read_text() if page.exists() else ""
-    start, end = "<!-- figures -->", "<!-- /figures -->"
+    start, end = f"<!-- {part} -->", f"<!-- /{part} -->"
     machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
     block = (
         f"{start}\n\nMeasured {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC on {machine}"
-        f" with `{command}`:\n\n{HEADER}\n" + "\n".join(rows) + f"\n\n{end}"
+        f" with `{command}`:\n\n{header}\n" + "\n".join(rows) + f"\n\n{end}"
     )
     if start in text and end in text:
         text = text[: text.index(start)] + block + text[text.index(end) + len(end) :]

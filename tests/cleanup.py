@@ -29,7 +29,8 @@ def _drop_redis(url: str, namespace: str) -> None:
     client = redis.Redis.from_url(url.replace("valkey", "redis", 1), socket_timeout=3)
     try:
         keys = list(client.scan_iter(match=f"anarchon:{{{namespace}/*", count=1000))
-        keys.append(f"anarchon:{{{namespace}}}:jobs")
+        parts = ("jobs", "instances", "seen", "paused", "controls")
+        keys += [f"anarchon:{{{namespace}}}:{part}" for part in parts]
         client.delete(*keys)
     finally:
         client.close()
@@ -42,7 +43,10 @@ def _drop_postgres(url: str, namespace: str) -> None:
 
     prefix = table_prefix(namespace)
     with psycopg.connect(url, autocommit=True, connect_timeout=3) as conn:
-        conn.execute(f'DROP TABLE IF EXISTS "{prefix}_runs", "{prefix}_jobs" CASCADE')
+        conn.execute(
+            f'DROP TABLE IF EXISTS "{prefix}_runs", "{prefix}_jobs", "{prefix}_instances",'
+            f' "{prefix}_paused", "{prefix}_controls", "{prefix}_stats" CASCADE'
+        )
         conn.execute(f'DROP FUNCTION IF EXISTS "{prefix}_log"() CASCADE')
 
 

@@ -22,8 +22,10 @@ from typing import Any
 from anarchon_core import Event, FakeClock, Run, Scheduler, SkewedClock, StoreUnavailable
 from anarchon_core.jobs import held_for
 from anarchon_core.store import (
+    Change,
     Claim,
     ClaimRequest,
+    InstanceRecord,
     JobState,
     RunRecord,
     RunState,
@@ -326,12 +328,28 @@ class FaultyStore(Store):
     def _end(self, job: str, token: int, state: RunState) -> bool:
         return bool(self._call(lambda: self.inner._end(job, token, state)))
 
+    def change_many(self, changes: Sequence[Change]) -> list[bool]:
+        # One call, as on a server: a fault hits the whole batch (a lost reply
+        # after every change was applied).
+        return list(self._call(lambda: self.inner.change_many(changes)))
+
     def states(self, jobs: Iterable[str]) -> dict[str, JobState]:
         names = list(jobs)
         return dict(self._call(lambda: self.inner.states(names)))
 
     def history(self, job: str, limit: int = 20) -> list[RunRecord]:
         return self.inner.history(job, limit)
+
+    keeps_registry = True
+
+    def _announce(self, instance: str, info: str, ttl: float) -> list[InstanceRecord]:
+        return list(self._call(lambda: self.inner._announce(instance, info, ttl)))
+
+    def withdraw(self, instance: str) -> None:
+        self._call(lambda: self.inner.withdraw(instance))
+
+    def instances(self) -> list[InstanceRecord]:
+        return self.inner.instances()
 
     def jobs(self) -> list[str]:
         return self.inner.jobs()

@@ -22,6 +22,11 @@ NOW = "((julianday('now') - 2440587.5) * 86400.0)"
 #: The states that hold the lease, as an SQL list.
 _HELD_STATES = "('running', 'dispatched')"
 
+_COUNT_START = """INSERT INTO anarchon_stats VALUES (NEW.namespace, NEW.job, 1, NEW.attempt > 1,
+            0, 0, NULL, NULL)
+        ON CONFLICT (namespace, job) DO UPDATE SET
+            runs = runs + 1, takeovers = takeovers + excluded.takeovers;"""
+
 SCHEMA = [
     """CREATE TABLE IF NOT EXISTS anarchon_jobs (
         namespace TEXT NOT NULL,
@@ -46,6 +51,62 @@ SCHEMA = [
         ended_at REAL,
         PRIMARY KEY (namespace, job, token)
     )""",
+    """CREATE TABLE IF NOT EXISTS anarchon_instances (
+        namespace TEXT NOT NULL,
+        instance TEXT NOT NULL,
+        info TEXT NOT NULL,
+        seen_at REAL NOT NULL,
+        expires_at REAL NOT NULL,
+        PRIMARY KEY (namespace, instance)
+    )""",
+    # Pause marks: a job's name, or '' for the whole namespace.
+    """CREATE TABLE IF NOT EXISTS anarchon_paused (
+        namespace TEXT NOT NULL,
+        job TEXT NOT NULL,
+        PRIMARY KEY (namespace, job)
+    )""",
+    # Control entries; the row of key '' counts the namespace's writes, so that
+    # versions never repeat (an entry removed and made again gets a new one).
+    """CREATE TABLE IF NOT EXISTS anarchon_controls (
+        namespace TEXT NOT NULL,
+        key TEXT NOT NULL,
+        version INTEGER NOT NULL,
+        value TEXT NOT NULL,
+        PRIMARY KEY (namespace, key)
+    )""",
+    # Counts per job, kept by the triggers below in the statement that changes the record.
+    """CREATE TABLE IF NOT EXISTS anarchon_stats (
+        namespace TEXT NOT NULL,
+        job TEXT NOT NULL,
+        runs INTEGER NOT NULL,
+        takeovers INTEGER NOT NULL,
+        done INTEGER NOT NULL,
+        failed INTEGER NOT NULL,
+        last_done REAL,
+        last_failed REAL,
+        PRIMARY KEY (namespace, job)
+    )""",
+    # A new attempt (a first claim, a claim of a newer slot, a takeover).
+    f"""CREATE TRIGGER IF NOT EXISTS anarchon_count_first AFTER INSERT ON anarchon_jobs BEGIN
+        {_COUNT_START}
+    END""",
+    f"""CREATE TRIGGER IF NOT EXISTS anarchon_count_next AFTER UPDATE OF token ON anarchon_jobs
+    WHEN NEW.token != OLD.token BEGIN
+        {_COUNT_START}
+    END""",
+    # A run that ends done or failed (a re-sent end changes no state: not counted).
+    f"""CREATE TRIGGER IF NOT EXISTS anarchon_count_end AFTER UPDATE OF state ON anarchon_jobs
+    WHEN NEW.token = OLD.token AND NEW.state != OLD.state AND NEW.state IN ('done', 'failed')
+    BEGIN
+        INSERT INTO anarchon_stats VALUES (NEW.namespace, NEW.job, 0, 0,
+            NEW.state = 'done', NEW.state = 'failed',
+            CASE WHEN NEW.state = 'done' THEN {NOW} END,
+            CASE WHEN NEW.state = 'failed' THEN {NOW} END)
+        ON CONFLICT (namespace, job) DO UPDATE SET
+            done = done + excluded.done, failed = failed + excluded.failed,
+            last_done = coalesce(excluded.last_done, last_done),
+            last_failed = coalesce(excluded.last_failed, last_failed);
+    END""",
     f"""CREATE TRIGGER IF NOT EXISTS anarchon_run_first AFTER INSERT ON anarchon_jobs BEGIN
         INSERT INTO anarchon_runs VALUES (NEW.namespace, NEW.job, NEW.token, NEW.slot_ms,
             NEW.attempt, NEW.owner, NEW.state, {NOW}, NULL);
@@ -86,11 +147,15 @@ TRIGGER_SQL = "SELECT sql FROM sqlite_master WHERE type = 'trigger' AND name = ?
 
 _RETURNING = f"RETURNING job, slot_ms, owner, attempt, token, state, lease_until - {NOW}"
 
+#: A claim of a job paused by name or with its namespace writes nothing.
+PAUSED = "SELECT 1 FROM anarchon_paused WHERE namespace = :ns AND job IN (:job, '')"
+
 #: Won if a row comes back. Conflicts update only an older slot whose run
-#: ended or whose lease lapsed.
+#: ended or whose lease lapsed; a paused job inserts no row to conflict with.
 CLAIM = f"""
 INSERT INTO anarchon_jobs (namespace, job, slot_ms, owner, attempt, token, state, lease_until)
-VALUES (:ns, :job, :slot, :owner, 1, 1, 'running', {NOW} + :lease)
+SELECT :ns, :job, :slot, :owner, 1, 1, 'running', {NOW} + :lease
+WHERE NOT EXISTS ({PAUSED})
 ON CONFLICT (namespace, job) DO UPDATE SET
     slot_ms = excluded.slot_ms, owner = excluded.owner, attempt = 1, token = token + 1,
     state = 'running', lease_until = excluded.lease_until
@@ -134,9 +199,41 @@ FROM anarchon_runs WHERE namespace = ? AND job = ? ORDER BY token DESC LIMIT ?
 
 JOBS = "SELECT job FROM anarchon_jobs WHERE namespace = ? ORDER BY job"
 
+STATS = """SELECT job, runs, takeovers, done, failed, last_done, last_failed
+FROM anarchon_stats WHERE namespace = ? AND job IN ({marks})"""
+
+PAUSE = "INSERT INTO anarchon_paused VALUES (:ns, :job) ON CONFLICT DO NOTHING"
+RESUME = "DELETE FROM anarchon_paused WHERE namespace = :ns AND job = :job"
+PAUSE_MARKS = "SELECT job FROM anarchon_paused WHERE namespace = :ns"
+
+#: With one ``substr(key, 1, length(?)) = ?`` per prefix in ``{starts}``, joined by OR.
+CONTROLS = """SELECT key, version, value FROM anarchon_controls
+WHERE namespace = ? AND key > '' AND ({starts})"""
+CONTROL_VERSION = "SELECT version FROM anarchon_controls WHERE namespace = :ns AND key = :key"
+CONTROL_COUNT = """INSERT INTO anarchon_controls VALUES (:ns, '', 1, '')
+ON CONFLICT (namespace, key) DO UPDATE SET version = version + 1 RETURNING version"""
+CONTROL_PUT = """INSERT INTO anarchon_controls VALUES (:ns, :key, :version, :value)
+ON CONFLICT (namespace, key) DO UPDATE SET version = excluded.version, value = excluded.value"""
+CONTROL_DELETE = "DELETE FROM anarchon_controls WHERE namespace = :ns AND key = :key"
+
 
 @functools.cache
 def positional(sql: str) -> tuple[str, tuple[str, ...]]:
     """``sql`` with its ``:name`` parameters turned into ``?``, and the names in order."""
     names = tuple(re.findall(r":(\w+)", sql))
     return re.sub(r":\w+", "?", sql), names
+
+
+#: The registry of live instances: an instance's record, the removal of expired
+#: ones, and the live ones (instance, info, age, expires in).
+ANNOUNCE = f"""
+INSERT INTO anarchon_instances VALUES (:ns, :instance, :info, {NOW}, {NOW} + :ttl)
+ON CONFLICT (namespace, instance) DO UPDATE SET
+    info = excluded.info, seen_at = excluded.seen_at, expires_at = excluded.expires_at
+"""
+EXPIRE = f"DELETE FROM anarchon_instances WHERE namespace = :ns AND expires_at <= {NOW}"
+WITHDRAW = "DELETE FROM anarchon_instances WHERE namespace = :ns AND instance = :instance"
+INSTANCES = f"""
+SELECT instance, info, {NOW} - seen_at, expires_at - {NOW} FROM anarchon_instances
+WHERE namespace = :ns AND expires_at > {NOW} ORDER BY instance
+"""

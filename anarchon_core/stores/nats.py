@@ -9,8 +9,14 @@ One KV bucket per namespace (``anarchon-`` plus the namespace with ``_ . :``
 escaped as ``__ _d _c``: injective, and only characters bucket names allow),
 history 1, file storage. One key per job: ``j`` plus the name in unpadded
 URL-safe base64. The value is one JSON record (``slot_ms, owner, attempt,
-token, state, lease, ended_at``) with ``runs``, the last 50 attempts newest first, so a
-single write covers the record and its history.
+token, state, lease, ended_at``) with ``runs``, the last 50 attempts newest first,
+and ``counts`` (the job's counts), so a single write covers the record, its
+history and its counts.
+
+Pause marks are the keys ``p`` plus the job's name as in its key (``p`` alone:
+the whole namespace); a claim reads them with the record, in each
+compare-and-set round. Control entries are the keys ``c.`` plus the entry's
+key in the same base64, versioned by their revision.
 
 Every step is a compare-and-set: read the value and its revision, decide as
 the contract says, then ``create`` (only if the key does not exist) or
@@ -59,6 +65,7 @@ import asyncio
 import base64
 import binascii
 import concurrent.futures
+import contextlib
 import json
 import logging
 import threading
@@ -74,17 +81,21 @@ from nats.js.kv import KeyValue
 
 from ..clock import Clock, SystemClock
 from ..durations import store_timeout
-from ..errors import ConfigurationError, StoreUnavailable
+from ..errors import ConfigurationError, Conflict, StoreUnavailable
 from ..store import (
     HELD_STATES,
     HISTORY,
+    Change,
     Claim,
     ClaimRequest,
     ClaimStatus,
+    InstanceRecord,
     JobState,
+    JobStats,
     RunRecord,
     RunState,
     Store,
+    refused_if_any,
 )
 from ..urls import redact, scrub, secrets_in, url_options
 
@@ -98,6 +109,30 @@ _HELD = {state.value for state in HELD_STATES}
 #: A step's decision from the record read: the record to write (None: write
 #: nothing) and the answer, given once the write (if any) succeeded.
 _Decide = Callable[[_Record | None, JobState | None], tuple[_Record | None, T]]
+
+
+def _each_answered(answers: list[T | BaseException]) -> list[T]:
+    """The answers of a batch's steps run together: an outage (or a cancelled
+    step) is raised; an error of one step alone is that step's answer."""
+    for answer in answers:
+        if isinstance(answer, _UNAVAILABLE) or (
+            isinstance(answer, BaseException) and not isinstance(answer, Exception)
+        ):
+            raise answer
+    return refused_if_any(answers)
+
+
+#: A record's counts (``counts``): runs, takeovers, done, failed, last done, last failed.
+_COUNTS = {"runs": 0, "takeovers": 1, "done": 2, "failed": 3}
+
+
+def _counted(record: _Record | None, what: str, at: float | None = None) -> list[Any]:
+    """``record``'s counts with one more ``what`` (and, for an end, its time)."""
+    counts = list((record or {}).get("counts") or [0, 0, 0, 0, None, None])
+    counts[_COUNTS[what]] += 1
+    if at is not None:
+        counts[_COUNTS[what] + 2] = at
+    return counts
 
 
 def bucket_name(namespace: str) -> str:
@@ -118,6 +153,26 @@ def job_name(key: str) -> str | None:
         return base64.urlsafe_b64decode(raw.encode()).decode() if key[:1] == "j" else None
     except (binascii.Error, UnicodeDecodeError):
         return None
+
+
+def pause_key(mark: str) -> str:
+    """A pause mark's key: ``p`` and the job's name as :func:`job_key` writes it
+    (``p`` alone for the whole namespace's mark, whose name is empty)."""
+    return "p" + job_key(mark)[1:]
+
+
+#: JetStream's error code for a write whose expected last sequence differs.
+_WRONG_LAST_SEQUENCE = 10071
+
+
+def control_key(key: str) -> str:
+    """A control entry's key: ``c.`` and the key in unpadded URL-safe base64."""
+    return "c." + base64.urlsafe_b64encode(key.encode()).decode().rstrip("=")
+
+
+def instance_key(instance: str) -> str:
+    """An instance's registry key: ``i`` and its name, as :func:`job_key` does."""
+    return "i" + job_key(instance)[1:]
 
 
 def _end(runs: list[list[Any]], state: RunState, at: float | None) -> list[list[Any]]:
@@ -166,6 +221,8 @@ class NatsStore(Store):
         self._setup = asyncio.Lock()
         #: job -> (revision, token, monotonic time this store first saw that revision)
         self._seen: dict[str, tuple[int, int, float]] = {}
+        #: Per registry key: the revision last seen, and when it was first seen.
+        self._announced: dict[str, tuple[int, float]] = {}
         self._closed = False
         self._thread: threading.Thread | None = None
         if loop is None:
@@ -295,13 +352,32 @@ class NatsStore(Store):
         state = RunState(r["state"])
         return JobState(job, r["slot_ms"], r["owner"], r["attempt"], r["token"], state, remaining)
 
-    async def _cas(self, job: str, decide: _Decide[T]) -> T:
+    async def _has(self, key: str) -> bool:
+        kv = await self._bucket()
+        try:
+            await kv.get(key)
+        except nats.js.errors.KeyNotFoundError:  # deleted marks too
+            return False
+        return True
+
+    async def _cas(
+        self, job: str, decide: _Decide[T], paused: Callable[[JobState | None], T] | None = None
+    ) -> T:
         """Read, decide, then ``create`` (no record yet) or ``update`` on the revision read.
 
         When someone else wrote in between, read and decide again: never overwrite.
+        With ``paused``, the job's and the namespace's pause marks are read in
+        each round with the record; if either is set, ``paused`` answers.
         """
         for _ in range(_ROUNDS):
-            found = await self._read(job)
+            if paused is None:
+                found = await self._read(job)
+            else:
+                found, *marks = await asyncio.gather(
+                    self._read(job), self._has(pause_key(job)), self._has(pause_key(""))
+                )
+                if any(marks):
+                    return paused(self._state(job, *found) if found else None)
             old, revision = found if found else (None, 0)
             new, answer = decide(old, self._state(job, old, revision) if old else None)
             if new is None:
@@ -334,9 +410,12 @@ class NatsStore(Store):
         attempt = old["attempt"] + 1 if old and old["slot_ms"] == slot_ms else 1
         token = old["token"] + 1 if old else 1
         runs.insert(0, [slot_ms, attempt, token, owner, RunState.RUNNING.value, now, None])
+        counts = _counted(old, "runs")
+        if attempt > 1:
+            counts = _counted({"counts": counts}, "takeovers")
         new = {"job": job, "slot_ms": slot_ms, "owner": owner, "attempt": attempt,
                "token": token, "state": RunState.RUNNING.value, "lease": lease, "ended_at": None,
-               "runs": runs[:HISTORY]}  # fmt: skip
+               "runs": runs[:HISTORY], "counts": counts}  # fmt: skip
         mine = JobState(job, slot_ms, owner, attempt, token, RunState.RUNNING, lease)
         return new, Claim(ClaimStatus.WON, mine)
 
@@ -367,22 +446,31 @@ class NatsStore(Store):
             if old["state"] != state.value:  # an end, or between running and dispatched
                 runs = _end(runs, state, ended_at)
             new = {**old, "state": state.value, "lease": lease, "ended_at": ended_at, "runs": runs}
+            if state in (RunState.DONE, RunState.FAILED):
+                new["counts"] = _counted(old, state.value, now)
             return new, True
 
         return decide
 
     # -- the steps ----------------------------------------------------------
 
+    @staticmethod
+    def _paused(current: JobState | None) -> Claim:
+        return Claim(ClaimStatus.PAUSED, current)
+
     def claim(self, job: str, slot_ms: int, owner: str, lease: float) -> Claim:
-        return self._run(lambda: self._cas(job, self._claiming(job, slot_ms, owner, lease)))
+        decide = self._claiming(job, slot_ms, owner, lease)
+        return self._run(lambda: self._cas(job, decide, self._paused))
 
     def claim_many(self, requests: Sequence[ClaimRequest], owner: str) -> list[Claim]:
         """Every claim at once on the loop: the batch waits for one round trip, not many."""
 
         async def batch() -> list[Claim]:
             decide = (self._claiming(r.job, r.slot_ms, owner, r.lease) for r in requests)
-            steps = (self._cas(r.job, d) for r, d in zip(requests, decide, strict=True))
-            return list(await asyncio.gather(*steps))
+            steps = (
+                self._cas(r.job, d, self._paused) for r, d in zip(requests, decide, strict=True)
+            )
+            return _each_answered(await asyncio.gather(*steps, return_exceptions=True))
 
         return self._run(batch) if requests else []
 
@@ -407,6 +495,15 @@ class NatsStore(Store):
     def _end(self, job: str, token: int, state: RunState) -> bool:
         return self._run(lambda: self._cas(job, self._changing(token, 0.0, state)))
 
+    def change_many(self, changes: Sequence[Change]) -> list[bool]:
+        """Every change at once on the loop, as :meth:`claim_many`."""
+
+        async def batch() -> list[bool]:
+            steps = (self._cas(c.job, self._changing(c.token, c.lease, c.state)) for c in changes)
+            return _each_answered(await asyncio.gather(*steps, return_exceptions=True))
+
+        return self._run(batch) if changes else []
+
     def states(self, jobs: Iterable[str]) -> dict[str, JobState]:
         names = list(dict.fromkeys(jobs))
 
@@ -415,6 +512,19 @@ class NatsStore(Store):
             return {job: self._state(job, *f) for job, f in zip(names, found, strict=True) if f}
 
         return self._run(read_all) if names else {}
+
+    def stats(self, jobs: Iterable[str]) -> dict[str, JobStats]:
+        names = list(dict.fromkeys(jobs))
+
+        async def read_all() -> list[tuple[_Record, int] | None]:
+            return list(await asyncio.gather(*(self._read(job) for job in names)))
+
+        found = self._run(read_all) if names else []
+        return {
+            job: JobStats(job, *f[0]["counts"])
+            for job, f in zip(names, found, strict=True)
+            if f and f[0].get("counts")
+        }
 
     def history(self, job: str, limit: int = 20) -> list[RunRecord]:
         found = self._run(lambda: self._read(job))
@@ -433,6 +543,159 @@ class NatsStore(Store):
         prefix = f"$KV.{self.bucket}."
         names = (job_name(subject[len(prefix) :]) for subject in self._run(subjects))
         return sorted(name for name in names if name is not None)
+
+    def _set_pause(self, key: str, on: bool) -> bool:
+        async def mark() -> bool:
+            kv = await self._bucket()
+            if on:
+                try:
+                    await kv.create(pause_key(key), b"1")
+                except nats.js.errors.KeyWrongLastSequenceError:  # set already
+                    return False
+                return True
+            if not await self._has(pause_key(key)):
+                return False
+            await kv.delete(pause_key(key))
+            return True
+
+        return self._run(mark)
+
+    def _pause_marks(self) -> set[str]:
+        async def marks() -> set[str]:
+            await self._bucket()
+            assert self._nc is not None
+            js = self._nc.jetstream(timeout=self.timeout)
+            info = await js.stream_info(f"KV_{self.bucket}", subjects_filter=f"{prefix}>")
+            keys = [subject[len(prefix) :] for subject in info.state.subjects or {}]
+            keys = [key for key in keys if key[:1] == "p"]
+            found = await asyncio.gather(*(self._has(key) for key in keys))
+            names = (job_name("j" + key[1:]) for key, on in zip(keys, found, strict=True) if on)
+            return {name for name in names if name is not None}
+
+        prefix = f"$KV.{self.bucket}."
+        return self._run(marks)
+
+    def _controls(self, prefixes: tuple[str, ...]) -> dict[str, tuple[int, str]]:
+        async def read() -> dict[str, tuple[int, str]]:
+            kv = await self._bucket()
+            assert self._nc is not None
+            js = self._nc.jetstream(timeout=self.timeout)
+            info = await js.stream_info(f"KV_{self.bucket}", subjects_filter=f"{subjects}c.>")
+            keys = [subject[len(subjects) :] for subject in info.state.subjects or {}]
+            names = {key: job_name("j" + key[2:]) for key in keys}
+            keys = [key for key in keys if (names[key] or "\0").startswith(prefixes)]
+
+            async def get(key: str) -> Any:
+                try:
+                    return await kv.get(key)
+                except nats.js.errors.KeyNotFoundError:  # removed
+                    return None
+
+            found = {}
+            for key, entry in zip(keys, await asyncio.gather(*map(get, keys)), strict=True):
+                name = names[key]
+                if entry is not None and entry.value is not None and name is not None:
+                    found[name] = (int(entry.revision or 0), entry.value.decode())
+            return found
+
+        subjects = f"$KV.{self.bucket}."
+        return self._run(read)
+
+    def _set_control(self, key: str, value: str | None, expected: int) -> int:
+        async def cas() -> int:
+            kv = await self._bucket()
+            name = control_key(key)
+            if expected:
+                # A removed entry leaves a delete marker with a revision of its
+                # own: no version matches an absent entry but 0. (The marker
+                # cannot appear between this read and the write below without
+                # changing the revision the write expects.)
+                try:
+                    await kv.get(name)
+                except nats.js.errors.KeyNotFoundError:
+                    raise Conflict(key, expected, 0) from None
+            try:
+                if value is None and expected:
+                    await kv.delete(name, last=expected)
+                    return 0
+                if value is not None and expected == 0:
+                    return int(await kv.create(name, value.encode()))
+                if value is not None:
+                    return int(await kv.update(name, value.encode(), last=expected))
+            except nats.js.errors.KeyWrongLastSequenceError:
+                pass
+            except nats.js.errors.BadRequestError as exc:  # a delete's wrong last sequence
+                if exc.err_code != _WRONG_LAST_SEQUENCE:
+                    raise
+            try:
+                entry = await kv.get(name)
+                found = int(entry.revision or 0)
+            except nats.js.errors.KeyNotFoundError:
+                found = 0
+            if value is None and expected == found == 0:
+                return 0  # removing what is absent
+            raise Conflict(key, expected, found)
+
+        return self._run(cas)
+
+    keeps_registry = True
+
+    def _announce(self, instance: str, info: str, ttl: float) -> list[InstanceRecord]:
+        return self._run(lambda: self._registry(instance, info, ttl))
+
+    def withdraw(self, instance: str) -> None:
+        async def delete() -> None:
+            kv = await self._bucket()
+            await kv.delete(instance_key(instance))
+
+        self._run(delete)
+
+    def instances(self) -> list[InstanceRecord]:
+        return self._run(lambda: self._registry(None, "", 0.0))
+
+    async def _registry(self, instance: str | None, info: str, ttl: float) -> list[InstanceRecord]:
+        """Announce ``instance`` (unless None), then read the registry's live records.
+
+        Expiry is judged as leases are, by this process's monotonic clock: a
+        record lives ``ttl`` seconds from when this store first saw its
+        revision. Records found expired are deleted.
+        """
+        kv = await self._bucket()
+        if instance is not None:
+            key = instance_key(instance)
+            sent = self._clock.monotonic()
+            revision = await kv.put(key, json.dumps({"info": info, "ttl": ttl}).encode())
+            self._announced[key] = (revision, sent)
+        assert self._nc is not None
+        prefix = f"$KV.{self.bucket}."
+        js = self._nc.jetstream(timeout=self.timeout)
+        stream = await js.stream_info(f"KV_{self.bucket}", subjects_filter=f"{prefix}>")
+        keys = [s[len(prefix) :] for s in stream.state.subjects or {}]
+        keys = [k for k in keys if k[:1] == "i"]
+
+        async def get(key: str) -> Any:
+            try:
+                return await kv.get(key)
+            except nats.js.errors.KeyNotFoundError:
+                return None
+
+        now, live = self._clock.monotonic(), []
+        for key, entry in zip(keys, await asyncio.gather(*map(get, keys)), strict=True):
+            if entry is None or entry.value is None or entry.revision is None:
+                continue
+            seen = self._announced.get(key)
+            if seen is None or seen[0] != entry.revision:
+                seen = self._announced[key] = (entry.revision, now)
+            value = json.loads(entry.value)
+            age = now - seen[1]
+            if age >= value["ttl"]:
+                with contextlib.suppress(nats.js.errors.KeyWrongLastSequenceError):
+                    await kv.delete(key, last=entry.revision)
+                continue
+            name = job_name("j" + key[1:])
+            if name is not None:
+                live.append(self._instance_record((name, value["info"], age, value["ttl"] - age)))
+        return sorted(live, key=lambda record: record.instance)
 
     def close(self) -> None:
         """Close the connection this store opened, stop its loop and join its thread."""

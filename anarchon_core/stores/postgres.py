@@ -13,7 +13,10 @@ leaves open; give it ``autocommit=True`` and ``prepare_threshold=None``.
 
 Tables: each namespace has its own, ``anarchon_<name>_<hash>_jobs`` (a row per
 job: slot, owner, attempt, token, state, lease end) and ``..._runs`` (the last
-50 attempts), and a trigger function ``..._log``. ``<name>`` is the namespace
+50 attempts), ``..._paused`` (pause marks: job names, ``''`` for the
+namespace, read by the claim statement itself), ``..._controls`` (control
+entries, compare-and-set in one transaction), and a trigger function
+``..._log``. ``<name>`` is the namespace
 lower-cased with other characters as ``_``, cut to 24, for people reading
 ``psql``; ``<hash>`` (SHA-256 of the exact namespace) keeps namespaces that
 read alike apart; the names stay far below PostgreSQL's 63-byte limit. Tables
@@ -28,16 +31,19 @@ trigger running another version's function replaces it (``CREATE OR REPLACE``).
 
 Each step is one autocommit statement, with no session state, advisory lock or
 server-side prepared statement, as PgBouncer in transaction mode requires:
-``claim`` is ``INSERT ... ON CONFLICT (job) DO UPDATE ... WHERE <older slot,
-ended or lapsed> RETURNING``; ``takeover`` is ``UPDATE ... WHERE <slot, token,
-released or lapsed> RETURNING``; either, when it lost, reads the holder with a
-``SELECT``. ``renew`` (state ``running``), ``dispatch`` (``dispatched``),
-``finish`` and ``release`` are ``UPDATE ... WHERE <token, running or
-dispatched>``; an end also matches the record that already carries the token
-with that very end (re-sent), and leaves it unchanged. ``claim_many`` sends
-every claim with its holder read in one pipeline: one round trip and one
-implicit transaction, taking rows in job-name order so that two batches
-cannot deadlock. Leases expire by the
+``claim`` is ``INSERT ... SELECT ... ON CONFLICT (job) DO UPDATE ... WHERE
+<older slot, ended or lapsed> RETURNING``, then a ``SELECT`` of the holder;
+``takeover`` is ``UPDATE ... WHERE <slot, token, released or lapsed>
+RETURNING`` and, when it lost, a ``SELECT`` of the holder. ``renew`` (state
+``running``), ``dispatch`` (``dispatched``), ``finish`` and ``release`` are
+``UPDATE ... WHERE <token, running or dispatched>``; an end also matches the
+record that already carries the token with that very end (re-sent), and
+leaves it unchanged. ``claim_many`` is the claim's statement over arrays of
+jobs (``unnest``; ``claim`` is a batch of one), then one ``SELECT`` of the
+holders, in one pipeline: one round trip and one implicit transaction,
+taking rows in job-name order so that two batches cannot deadlock;
+``change_many`` (renewals and ends in a batch) sends one statement per
+change in one pipeline, in name order likewise. Leases expire by the
 server's ``clock_timestamp()`` (``now()`` stands still for a transaction, so a
 statement that waited on a row lock would judge by a stale time). A row
 trigger keeps the history inside the same statement, as in the SQLite store.
@@ -69,15 +75,36 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ..durations import Duration, store_timeout
-from ..errors import ConfigurationError, StoreUnavailable
-from ..store import HISTORY, Claim, ClaimRequest, ClaimStatus, JobState, RunRecord, RunState, Store
+from ..errors import ConfigurationError, Conflict, StoreUnavailable
+from ..store import (
+    HISTORY,
+    NAMESPACE_PAUSE,
+    Change,
+    Claim,
+    ClaimRequest,
+    ClaimStatus,
+    InstanceRecord,
+    JobState,
+    JobStats,
+    RunRecord,
+    RunState,
+    Store,
+)
 from ..urls import redact, scrub, secrets_in
 
 #: Seconds a call waits for a connection once the server was seen away.
 _DOWN_WAIT = 1.0
 #: The longest close() waits for the pool's threads.
 CLOSE_WAIT = 1.0
-_UNAVAILABLE = (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout)
+#: Errors about the server, not one call: the engine backs off and retries. A
+#: session that may not write (a standby after a failover, a read-only
+#: database) refuses every write alike.
+_UNAVAILABLE = (
+    psycopg.OperationalError,
+    psycopg.InterfaceError,
+    PoolTimeout,
+    psycopg.errors.ReadOnlySqlTransaction,
+)
 _COLUMNS = "job, slot_ms, owner, attempt, token, state, "
 _COLUMNS += "extract(epoch FROM lease_until - clock_timestamp())::float8"
 _LEASE = "clock_timestamp() + make_interval(secs => %(lease)s::float8)"
@@ -90,6 +117,16 @@ _SCHEMA = [
     """CREATE TABLE IF NOT EXISTS {runs} (job text, token bigint, slot_ms bigint NOT NULL,
         attempt integer NOT NULL, owner text NOT NULL, state text NOT NULL,
         started_at timestamptz NOT NULL, ended_at timestamptz, PRIMARY KEY (job, token))""",
+    # Pause marks: a job's name, or '' for the whole namespace.
+    "CREATE TABLE IF NOT EXISTS {paused} (job text PRIMARY KEY)",
+    # Counts per job, kept by the trigger function with each change of a record.
+    """CREATE TABLE IF NOT EXISTS {stats} (job text PRIMARY KEY, runs bigint NOT NULL,
+        takeovers bigint NOT NULL, done bigint NOT NULL, failed bigint NOT NULL,
+        last_done timestamptz, last_failed timestamptz)""",
+    # Control entries; the row of key '' counts the namespace's writes (and
+    # serializes them), so that versions never repeat.
+    """CREATE TABLE IF NOT EXISTS {controls} (key text PRIMARY KEY, version bigint NOT NULL,
+        value text NOT NULL)""",
     # A new token is a new attempt: close the previous one (lost when the same
     # slot is taken over, abandoned when a newer slot supersedes it; one that
     # already ended keeps its state), start the next, trim the oldest.
@@ -102,6 +139,17 @@ _SCHEMA = [
                 UPDATE {{runs}} SET state = NEW.state, ended_at = CASE
                        WHEN NEW.state IN {_HELD_STATES} THEN ended_at ELSE clock_timestamp() END
                  WHERE job = NEW.job AND token = NEW.token;
+                IF NEW.state IN ('done', 'failed') THEN
+                    INSERT INTO {{stats}} VALUES (NEW.job, 0, 0,
+                        (NEW.state = 'done')::int, (NEW.state = 'failed')::int,
+                        CASE WHEN NEW.state = 'done' THEN clock_timestamp() END,
+                        CASE WHEN NEW.state = 'failed' THEN clock_timestamp() END)
+                    ON CONFLICT (job) DO UPDATE SET
+                        done = {{stats}}.done + excluded.done,
+                        failed = {{stats}}.failed + excluded.failed,
+                        last_done = coalesce(excluded.last_done, {{stats}}.last_done),
+                        last_failed = coalesce(excluded.last_failed, {{stats}}.last_failed);
+                END IF;
             END IF;
             RETURN NULL;
         ELSIF TG_OP = 'UPDATE' THEN
@@ -112,25 +160,49 @@ _SCHEMA = [
         END IF;
         INSERT INTO {{runs}} VALUES (NEW.job, NEW.token, NEW.slot_ms, NEW.attempt,
             NEW.owner, NEW.state, clock_timestamp(), NULL);
+        INSERT INTO {{stats}} VALUES (NEW.job, 1, (NEW.attempt > 1)::int, 0, 0, NULL, NULL)
+        ON CONFLICT (job) DO UPDATE SET runs = {{stats}}.runs + 1,
+            takeovers = {{stats}}.takeovers + excluded.takeovers;
         RETURN NULL;
     END $$""",
+]
+#: The registry of live instances: created at the first announce, so that a
+#: role that may not create it still runs every job (without the registry).
+_REGISTRY = [
+    """CREATE TABLE IF NOT EXISTS {instances} (instance text PRIMARY KEY, info text NOT NULL,
+        seen_at timestamptz NOT NULL, expires_at timestamptz NOT NULL)""",
 ]
 _HAS_TRIGGER = """SELECT 1 FROM pg_trigger
     WHERE tgrelid = to_regclass({name}) AND tgname = 'anarchon_history'"""
 #: The trigger exists and runs this version's function: nothing to create or replace.
 _IS_CURRENT = """SELECT 1 FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid
     WHERE t.tgrelid = to_regclass({name}) AND t.tgname = 'anarchon_history'
-      AND p.prosrc = {body}"""
+      AND p.prosrc = {body} AND to_regclass({paused}) IS NOT NULL
+      AND to_regclass({controls}) IS NOT NULL"""
 _TRIGGER = """CREATE TRIGGER anarchon_history AFTER INSERT OR UPDATE OF token, state
     ON {jobs} FOR EACH ROW EXECUTE FUNCTION {log}()"""
+#: The statement of each change of a batch (any other state is an end).
+_CHANGES = {RunState.RUNNING: "renew", RunState.DISPATCHED: "dispatch"}
+
 _STATEMENTS = {
-    # NOT EXISTS spares the row lock (and the commit's WAL flush) of claims that
-    # must lose, since slots only grow; ON CONFLICT's WHERE decides the rest.
-    "claim": f"""INSERT INTO {{jobs}} AS j (job, slot_ms, owner, attempt, token, state,
-            lease_until) SELECT %(job)s, %(slot)s, %(owner)s, 1, 1, 'running', {_LEASE}
-        WHERE NOT EXISTS (SELECT FROM {{jobs}} WHERE job = %(job)s AND slot_ms >= %(slot)s)
+    # A claim of every job of a batch (one alone too), in one statement. NOT
+    # EXISTS spares the row lock (and the commit's WAL flush) of claims that must
+    # lose, since slots only grow; ON CONFLICT's WHERE decides the rest. Rows are
+    # taken in name order by code point, the order of change_many's statements
+    # (Python's sort): two batches lock shared rows in one order and cannot
+    # deadlock.
+    "claim_many": f"""INSERT INTO {{jobs}} AS j (job, slot_ms, owner, attempt, token, state,
+            lease_until)
+        SELECT r.job, r.slot, %(owner)s, 1, 1, 'running',
+               clock_timestamp() + make_interval(secs => r.lease)
+          FROM unnest(%(jobs)s::text[], %(slots)s::bigint[], %(leases)s::float8[])
+               AS r(job, slot, lease)
+         WHERE NOT EXISTS (SELECT FROM {{jobs}} WHERE job = r.job AND slot_ms >= r.slot)
+           AND NOT EXISTS (SELECT FROM {{paused}} WHERE job IN (r.job, ''))
+         ORDER BY r.job COLLATE "C"
         ON CONFLICT (job) DO UPDATE SET slot_ms = excluded.slot_ms, owner = excluded.owner,
-            attempt = 1, token = j.token + 1, state = 'running', lease_until = {_LEASE}
+            attempt = 1, token = j.token + 1, state = 'running',
+            lease_until = excluded.lease_until
         WHERE j.slot_ms < excluded.slot_ms
           AND (j.state NOT IN {_HELD_STATES} OR j.lease_until <= clock_timestamp())
         RETURNING {_COLUMNS}""",
@@ -156,6 +228,32 @@ _STATEMENTS = {
             extract(epoch FROM started_at)::float8, extract(epoch FROM ended_at)::float8
         FROM {runs} WHERE job = %(job)s ORDER BY token DESC LIMIT %(limit)s""",
     "jobs": "SELECT job FROM {jobs}",
+    "pause": "INSERT INTO {paused} VALUES (%(job)s) ON CONFLICT DO NOTHING",
+    "resume": "DELETE FROM {paused} WHERE job = %(job)s",
+    "pause_marks": "SELECT job FROM {paused}",
+    "stats": """SELECT job, runs, takeovers, done, failed,
+        extract(epoch FROM last_done)::float8, extract(epoch FROM last_failed)::float8
+        FROM {stats} WHERE job = ANY(%(jobs)s)""",
+    "controls": """SELECT key, version, value FROM {controls}
+        WHERE key > '' AND EXISTS (SELECT FROM unnest(%(prefixes)s::text[]) AS p(prefix)
+                                   WHERE starts_with(key, p.prefix))""",
+    "control_count": """INSERT INTO {controls} VALUES ('', 1, '')
+        ON CONFLICT (key) DO UPDATE SET version = {controls}.version + 1 RETURNING version""",
+    "control_version": "SELECT version FROM {controls} WHERE key = %(key)s",
+    "control_put": """INSERT INTO {controls} VALUES (%(key)s, %(version)s, %(value)s)
+        ON CONFLICT (key) DO UPDATE SET version = excluded.version, value = excluded.value""",
+    "control_delete": "DELETE FROM {controls} WHERE key = %(key)s",
+    "paused_of": "SELECT job FROM {paused} WHERE job = ANY(%(jobs)s) OR job = ''",
+    "announce": """INSERT INTO {instances} VALUES (%(instance)s, %(info)s, clock_timestamp(),
+            clock_timestamp() + make_interval(secs => %(ttl)s::float8))
+        ON CONFLICT (instance) DO UPDATE SET info = excluded.info, seen_at = excluded.seen_at,
+            expires_at = excluded.expires_at""",
+    "expire": "DELETE FROM {instances} WHERE expires_at <= clock_timestamp()",
+    "withdraw": "DELETE FROM {instances} WHERE instance = %(instance)s",
+    "instances": """SELECT instance, info,
+            extract(epoch FROM clock_timestamp() - seen_at)::float8,
+            extract(epoch FROM expires_at - clock_timestamp())::float8
+        FROM {instances} WHERE expires_at > clock_timestamp() ORDER BY instance""",
 }
 
 
@@ -196,15 +294,16 @@ _LIBPQ_CHOICES = {
     ),
     "load_balance_hosts": ("disable", "random"),
 }
-#: The largest value each takes (the operating system's, for the TCP options).
+#: The smallest and largest value each takes (the operating system's, for the
+#: TCP options: Linux refuses a keepalive time, interval or count of 0).
 _LIBPQ_INTEGERS = {
-    "port": 65535,
-    "connect_timeout": 2**31 - 1,
-    "keepalives": 1,
-    "keepalives_idle": 32767,
-    "keepalives_interval": 32767,
-    "keepalives_count": 127,
-    "tcp_user_timeout": 2**31 - 1,
+    "port": (0, 65535),
+    "connect_timeout": (0, 2**31 - 1),
+    "keepalives": (0, 1),
+    "keepalives_idle": (1, 32767),
+    "keepalives_interval": (1, 32767),
+    "keepalives_count": (1, 127),
+    "tcp_user_timeout": (0, 2**31 - 1),
 }
 
 
@@ -212,13 +311,14 @@ def _check_libpq_values(conninfo: str, params: dict[str, Any]) -> None:
     for key, value in params.items():
         text = str(value)
         choices = _LIBPQ_CHOICES.get(key)
+        low, high = _LIBPQ_INTEGERS.get(key, (0, 0))
         if choices is not None and text not in choices:
             expected = f"one of {', '.join(choices)}"
         elif key in _LIBPQ_INTEGERS and not all(
-            part.isascii() and part.isdigit() and int(part) <= _LIBPQ_INTEGERS[key]
+            part.isascii() and part.isdigit() and low <= int(part) <= high
             for part in text.split(",")
         ):
-            expected = f"a whole number from 0 to {_LIBPQ_INTEGERS[key]}"
+            expected = f"a whole number from {low} to {high}"
         else:
             continue
         raise ConfigurationError(
@@ -279,6 +379,13 @@ class PostgresStore(Store):
             assert conninfo is not None
             try:
                 params = conninfo_to_dict(conninfo)
+            except UnicodeDecodeError:
+                # A percent-escape that is no UTF-8 (in the user, password, host
+                # or database): libpq takes bytes, psycopg reads them as text.
+                raise ConfigurationError(
+                    f"PostgreSQL URL {redact(conninfo)!r}: a percent-escape (%XX) decodes to"
+                    " bytes that are not UTF-8"
+                ) from None
             except psycopg.Error as exc:
                 # Not chained, and scrubbed: libpq's message may quote the string.
                 said = " ".join(str(exc).split())
@@ -313,17 +420,30 @@ class PostgresStore(Store):
         prefix = table_prefix(namespace)
         names = {
             part: sql.Identifier(*([schema] if schema else []), f"{prefix}_{part}")
-            for part in ("jobs", "runs", "log")
+            for part in ("jobs", "runs", "log", "instances", "paused", "controls", "stats")
         }
         jobs = names["jobs"].as_string(None)
         self._sql = {k: sql.SQL(v).format(**names).as_bytes(None) for k, v in _STATEMENTS.items()}
         self._schema = [sql.SQL(s).format(**names).as_bytes(None) for s in _SCHEMA]
+        self._registry = [sql.SQL(s).format(**names).as_bytes(None) for s in _REGISTRY]
+        self._registry_ready = False
         self._trigger = sql.SQL(_TRIGGER).format(**names).as_bytes(None)
         self._has_trigger = sql.SQL(_HAS_TRIGGER).format(name=sql.Literal(jobs)).as_bytes(None)
+        instances = sql.Literal(names["instances"].as_string(None))
+        self._registry_exists = (
+            sql.SQL("SELECT to_regclass({}) IS NOT NULL").format(instances).as_bytes(None)
+        )
         function = self._schema[-1].decode()
         body = sql.Literal(function[function.index("$$") + 2 : function.rindex("$$")])
         self._is_current = (
-            sql.SQL(_IS_CURRENT).format(name=sql.Literal(jobs), body=body).as_bytes(None)
+            sql.SQL(_IS_CURRENT)
+            .format(
+                name=sql.Literal(jobs),
+                body=body,
+                paused=sql.Literal(names["paused"].as_string(None)),
+                controls=sql.Literal(names["controls"].as_string(None)),
+            )
+            .as_bytes(None)
         )
         digest = hashlib.sha256(f"anarchon:{jobs}".encode()).digest()
         self._lock_key = int.from_bytes(digest[:8], "big", signed=True)
@@ -415,7 +535,7 @@ class PostgresStore(Store):
             self._ready = True
 
     def _write(self, statement: str, params: dict[str, Any]) -> tuple[Any, Any]:
-        """A claim or takeover, then the holder's record if it lost: (won row, holder row)."""
+        """A takeover, then the holder's record if it lost: (won row, holder row)."""
         with self._connection() as conn:
             won = conn.execute(self._sql[statement], params).fetchone()
             # A statement of its own, after the write's commit: the write's
@@ -429,30 +549,41 @@ class PostgresStore(Store):
         return self._lost(slot_ms, self._job_state(found) if found else None)
 
     def claim(self, job: str, slot_ms: int, owner: str, lease: float) -> Claim:
-        params = {"job": job, "slot": slot_ms, "owner": owner, "lease": lease}
-        return self._claimed(slot_ms, *self._write("claim", params))
+        return self.claim_many([ClaimRequest(job, slot_ms, lease)], owner)[0]
 
     def claim_many(self, requests: Sequence[ClaimRequest], owner: str) -> list[Claim]:
-        """Every claim with its holder read in one pipeline: one round trip."""
+        """One statement claims every job, one more reads the holders of those it lost:
+        one pipeline, one round trip, one implicit transaction.
+
+        The statement takes the rows in name order, so two batches cannot
+        deadlock. The holders are read by a statement of their own, after the
+        claims: its snapshot sees the winners that made a claim lose.
+        """
         if not requests:
             return []
-        # One implicit transaction holds the rows it locks until its end:
-        # taking them in name order keeps two batches from deadlocking.
-        order = sorted(range(len(requests)), key=lambda i: requests[i].job)
+        if len({r.job for r in requests}) < len(requests):
+            # One statement cannot change a row twice: each claim on its own.
+            return [self.claim(r.job, r.slot_ms, owner, r.lease) for r in requests]
+        params = {
+            "owner": owner,
+            "jobs": [r.job for r in requests],
+            "slots": [r.slot_ms for r in requests],
+            "leases": [float(r.lease) for r in requests],
+        }
         with self._connection() as conn:
             with conn.pipeline():
-                sent = {}
-                for i in order:
-                    r = requests[i]
-                    params = {"job": r.job, "slot": r.slot_ms, "owner": owner, "lease": r.lease}
-                    sent[i] = (
-                        conn.execute(self._sql["claim"], params),
-                        conn.execute(self._sql["holder"], params),
-                    )
-            return [
-                self._claimed(r.slot_ms, sent[i][0].fetchone(), sent[i][1].fetchone())
-                for i, r in enumerate(requests)
-            ]
+                claimed = conn.execute(self._sql["claim_many"], params)
+                read = conn.execute(self._sql["states"], {"jobs": params["jobs"]})
+                marks = conn.execute(self._sql["paused_of"], {"jobs": params["jobs"]})
+            won = {row[0]: row for row in claimed.fetchall()}
+            found = {row[0]: row for row in read.fetchall()}
+            paused = {row[0] for row in marks.fetchall()}
+        return [
+            Claim(ClaimStatus.PAUSED, self._job_state(found[r.job]) if r.job in found else None)
+            if r.job not in won and paused & {r.job, NAMESPACE_PAUSE}
+            else self._claimed(r.slot_ms, won.get(r.job), found.get(r.job))
+            for r in requests
+        ]
 
     def takeover(self, job: str, slot_ms: int, owner: str, lease: float, seen_token: int) -> Claim:
         params = {"job": job, "slot": slot_ms, "owner": owner, "lease": lease, "token": seen_token}
@@ -465,6 +596,41 @@ class PostgresStore(Store):
         with self._connection() as conn:
             return conn.execute(self._sql[statement], params).rowcount == 1
 
+    def _set_pause(self, key: str, on: bool) -> bool:
+        return self._change("pause" if on else "resume", job=key)
+
+    def _pause_marks(self) -> set[str]:
+        with self._connection() as conn:
+            return {row[0] for row in conn.execute(self._sql["pause_marks"]).fetchall()}
+
+    def stats(self, jobs: Iterable[str]) -> dict[str, JobStats]:
+        names = list(dict.fromkeys(jobs))
+        if not names:
+            return {}
+        with self._connection() as conn:
+            rows = conn.execute(self._sql["stats"], {"jobs": names}).fetchall()
+        return {row[0]: JobStats(*row) for row in rows}
+
+    def _controls(self, prefixes: tuple[str, ...]) -> dict[str, tuple[int, str]]:
+        with self._connection() as conn:
+            rows = conn.execute(self._sql["controls"], {"prefixes": list(prefixes)}).fetchall()
+        return {key: (int(version), value) for key, version, value in rows}
+
+    def _set_control(self, key: str, value: str | None, expected: int) -> int:
+        with self._connection() as conn, conn.transaction():
+            # The count's row lock orders every control write of the namespace.
+            (version,) = conn.execute(self._sql["control_count"]).fetchone() or (0,)
+            row = conn.execute(self._sql["control_version"], {"key": key}).fetchone()
+            found = int(row[0]) if row else 0
+            if found != expected:
+                raise Conflict(key, expected, found)
+            if value is None:
+                conn.execute(self._sql["control_delete"], {"key": key})
+                return 0
+            params = {"key": key, "version": version, "value": value}
+            conn.execute(self._sql["control_put"], params)
+            return int(version)
+
     def renew(self, job: str, token: int, lease: float) -> bool:
         return self._change("renew", job=job, token=token, lease=lease)
 
@@ -473,6 +639,21 @@ class PostgresStore(Store):
 
     def _end(self, job: str, token: int, state: RunState) -> bool:
         return self._change("end", job=job, token=token, state=state.value)
+
+    def change_many(self, changes: Sequence[Change]) -> list[bool]:
+        """Every change in one pipeline, rows taken in job-name order: one round trip."""
+        if not changes:
+            return []
+        order = sorted(range(len(changes)), key=lambda i: changes[i].job)
+        with self._connection() as conn:
+            with conn.pipeline():
+                sent = {}
+                for i in order:
+                    c = changes[i]
+                    statement = _CHANGES.get(c.state, "end")
+                    params = {"job": c.job, "token": c.token, "lease": c.lease}
+                    sent[i] = conn.execute(self._sql[statement], {**params, "state": c.state.value})
+            return [sent[i].rowcount == 1 for i in range(len(changes))]
 
     def states(self, jobs: Iterable[str]) -> dict[str, JobState]:
         names = list(dict.fromkeys(jobs))
@@ -491,6 +672,36 @@ class PostgresStore(Store):
         with self._connection() as conn:
             # Sorted here rather than by the server's collation, as in every store.
             return sorted(row[0] for row in conn.execute(self._sql["jobs"]).fetchall())
+
+    keeps_registry = True
+
+    def _announce(self, instance: str, info: str, ttl: float) -> list[InstanceRecord]:
+        params = {"instance": instance, "info": info, "ttl": ttl}
+        with self._connection() as conn:
+            if not self._registry_ready:
+                with conn.transaction():
+                    conn.execute(b"SELECT pg_advisory_xact_lock(%s)", (self._lock_key,))
+                    for statement in self._registry:
+                        conn.execute(statement)
+                self._registry_ready = True
+            with conn.pipeline():
+                conn.execute(self._sql["announce"], params)
+                conn.execute(self._sql["expire"])
+                live = conn.execute(self._sql["instances"])
+            return [self._instance_record(row) for row in live.fetchall()]
+
+    def withdraw(self, instance: str) -> None:
+        if self._registry_ready:
+            with self._connection() as conn:
+                conn.execute(self._sql["withdraw"], {"instance": instance})
+
+    def instances(self) -> list[InstanceRecord]:
+        with self._connection() as conn:
+            exists = conn.execute(self._registry_exists).fetchone()
+            if not exists or not exists[0]:
+                return []
+            rows = conn.execute(self._sql["instances"]).fetchall()
+        return [self._instance_record(row) for row in rows]
 
     def close(self) -> None:
         """Close the pool if this store opened it."""

@@ -12,10 +12,21 @@ Defaults: 3 s to connect, 3 s per operation, no driver-level retry (see below).
 Keys. Every key of a job carries the hash tag ``{<namespace>/<job>}``
 (namespaces cannot contain ``/``, so no two jobs or namespaces share a tag):
 ``anarchon:{ns/job}:rec`` is a hash with the record (slot, owner, attempt,
-token, state, lease end in server milliseconds) and ``anarchon:{ns/job}:runs``
+token, state, lease end in server milliseconds; and the job's counts,
+``n_runs``, ``n_takeovers``, ``n_done``, ``n_failed``, ``last_done``,
+``last_failed``, kept by the same scripts) and ``anarchon:{ns/job}:runs``
 a list of JSON attempts, newest first, capped at 50. Each script touches
 only these two keys, one hash slot, so the layout works on Redis Cluster.
 ``anarchon:{ns}:jobs`` is a set of job names for :meth:`RedisStore.jobs`.
+
+Controls. A job's pause mark is the field ``paused`` of its record's hash
+(a hash without ``slot`` is a pause alone, not a record); the set
+``anarchon:{ns}:paused`` lists the marks, ``''`` for the whole namespace.
+Outside a cluster the claim script reads that set too (its key ends the
+call's keys); on a cluster each claim call reads it just before, and a
+namespace pause also sets ``npaused`` in every recorded job's hash.
+``anarchon:{ns}:controls`` is a hash of control entries, ``version|value``,
+changed by one script each (compare-and-set).
 
 Steps. ``claim``, ``takeover``, ``renew``, ``dispatch``, ``finish``/``release``
 each run one script (EVALSHA; on ``NOSCRIPT`` after ``SCRIPT FLUSH`` or a
@@ -26,12 +37,22 @@ answer yes unchanged when the record already carries the token with that end
 (an end re-sent after its reply was lost). A script reads ``TIME``
 first and judges and writes leases by it; Redis 7 and Valkey replicate a
 script's effects, not the script, so that is allowed before writes. The
-history list is pushed, closed and trimmed by the same scripts. ``claim_many``
-is one pipeline: an ``SADD`` of the job names to the jobs set, then one
-EVALSHA per claim; each script is atomic, the pipeline as a whole is not,
-and the ``SADD`` is not part of any claim's atomic step (so :meth:`jobs`
-keeps only names whose record exists). ``states`` is one pipeline of
-``TIME`` and one ``HMGET`` per job.
+history list is pushed, closed and trimmed by the same scripts.
+
+Batches. ``claim_many`` is one pipeline: an ``SADD`` of the job names to the
+jobs set, then the claims, up to 500 jobs per script call (one ``TIME`` for
+the call); on a cluster, one call per job, one pipeline per primary. A
+script runs its jobs one after the other, each an atomic step answered on
+its own: an error on one job's keys (a key of the wrong type) is that job's
+answer, raised as :class:`~anarchon_core.BatchRefused` with the others'.
+A call runs alone on the server but is not all-or-nothing (the jobs before
+an error keep their changes), nor is the pipeline, and the ``SADD`` is
+not part of any claim's atomic step (so :meth:`jobs` keeps only names
+whose record exists). ``change_many`` (renewals and ends in a batch) is
+the same with the change script. ``states`` is one pipeline of ``TIME`` and
+one ``HMGET`` per job. Error replies about the whole server (``BUSY``,
+``NOREPLICAS``, ``MISCONF``, ``READONLY``, ``OOM``...) are outages
+(:class:`~anarchon_core.StoreUnavailable`).
 
 Guarantees: one winner per slot and token compare-and-set against one
 primary; lease expiry judged by that primary's clock alone.
@@ -71,8 +92,22 @@ from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 from ..durations import store_timeout
-from ..errors import ConfigurationError, StoreUnavailable
-from ..store import HISTORY, Claim, ClaimRequest, ClaimStatus, JobState, RunRecord, RunState, Store
+from ..errors import ConfigurationError, Conflict, StoreUnavailable
+from ..store import (
+    HISTORY,
+    NAMESPACE_PAUSE,
+    Change,
+    Claim,
+    ClaimRequest,
+    ClaimStatus,
+    InstanceRecord,
+    JobState,
+    JobStats,
+    RunRecord,
+    RunState,
+    Store,
+    refused_if_any,
+)
 from ..urls import redact, scrub, url_options
 
 CONNECT_TIMEOUT = 3.0
@@ -108,93 +143,203 @@ _UNAVAILABLE = (
     redis.exceptions.RedisClusterException,  # e.g. no node of the cluster answers
 )
 
-#: Shared by every script: reads the server clock and the record first.
+#: Shared by the job scripts: the server's clock, read once per call, and
+#: the steps on one job's record (``rk``) and history list (``hk``).
 _COMMON = """
-local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local function load(key)
   local r = redis.call('HMGET', key, 'slot', 'owner', 'attempt', 'token', 'state', 'expires')
   if not r[1] then return nil end
   return {slot = tonumber(r[1]), owner = r[2], attempt = tonumber(r[3]),
           token = tonumber(r[4]), state = r[5], expires = tonumber(r[6])}
 end
-local function reply(status, rec, now)
+local function reply(status, rec)
   if not rec then return {status} end
   return {status, rec.slot, rec.owner, rec.attempt, rec.token, rec.state, rec.expires - now}
 end
 local function held(state) return state == 'running' or state == 'dispatched' end
 -- The newest attempt is the record's own: if it is still open, set its state,
 -- and close it at ``ended`` unless that is nil (running <-> dispatched).
-local function mark_run(runs, token, state, ended)
-  local head = redis.call('LINDEX', runs, 0)
+local function mark_run(hk, token, state, ended)
+  local head = redis.call('LINDEX', hk, 0)
   if not head then return end
   local run = cjson.decode(head)
   if run.token == token and run.ended == nil then
     run.state, run.ended = state, ended
-    redis.call('LSET', runs, 0, cjson.encode(run))
+    redis.call('LSET', hk, 0, cjson.encode(run))
   end
 end
-local function end_run(runs, token, state, now) mark_run(runs, token, state, now) end
-local function start(rec, now)
+local function end_run(hk, token, state) mark_run(hk, token, state, now) end
+local function start(rk, hk, rec)
   rec.state = 'running'
-  redis.call('HSET', KEYS[1], 'slot', rec.slot, 'owner', rec.owner, 'attempt', rec.attempt,
+  redis.call('HSET', rk, 'slot', rec.slot, 'owner', rec.owner, 'attempt', rec.attempt,
              'token', rec.token, 'state', 'running', 'expires', rec.expires)
-  redis.call('LPUSH', KEYS[2], cjson.encode({slot = rec.slot, attempt = rec.attempt,
+  redis.call('LPUSH', hk, cjson.encode({slot = rec.slot, attempt = rec.attempt,
              token = rec.token, owner = rec.owner, state = 'running', started = now}))
-  redis.call('LTRIM', KEYS[2], 0, HISTORY - 1)
-  return reply('won', rec, now)
+  redis.call('LTRIM', hk, 0, HISTORY - 1)
+  redis.call('HINCRBY', rk, 'n_runs', 1)
+  if rec.attempt > 1 then redis.call('HINCRBY', rk, 'n_takeovers', 1) end
+  return reply('won', rec)
 end
-local now, rec = now_ms(), load(KEYS[1])
 """.replace("HISTORY", str(HISTORY))
 
-# KEYS: rec, runs. ARGV: slot, owner, lease_ms.
-_CLAIM = """
-local slot, token = tonumber(ARGV[1]), 1
-if rec then
-  if rec.slot == slot then return reply('taken', rec, now) end
-  if rec.slot > slot then return reply('stale', rec, now) end
-  if held(rec.state) then
-    if rec.expires > now then return reply('busy', rec, now) end
-    end_run(KEYS[2], rec.token, 'abandoned', now)
+#: Runs ``one`` (defined by the script before it) for each job of the call:
+#: KEYS are each job's record and history keys in pairs; ARGV the number of
+#: arguments per job, then each job's arguments. Each job is its own atomic
+#: step and answers alone: an error on one job's keys is that job's answer.
+_EACH = """
+local n, out = tonumber(ARGV[1]), {}
+for i = 1, #KEYS / 2 do
+  local a = {}
+  for j = 1, n do a[j] = ARGV[1 + (i - 1) * n + j] end
+  local ok, answer = pcall(one, KEYS[2 * i - 1], KEYS[2 * i], a)
+  if ok then
+    out[i] = answer
+  elseif type(answer) == 'table' and answer.err then
+    out[i] = answer
+  else
+    out[i] = redis.error_reply(tostring(answer))
   end
-  token = rec.token + 1
 end
-return start({slot = slot, owner = ARGV[2], attempt = 1, token = token,
-              expires = now + tonumber(ARGV[3])}, now)
+return out
 """
 
-# KEYS: rec, runs. ARGV: slot, owner, lease_ms, seen token.
+# Per job: slot, owner, lease_ms. A job is paused by the fields ``paused`` (by
+# name) or ``npaused`` (with its namespace, on a cluster) of its record's hash,
+# or, outside a cluster, by the namespace's mark in the set of pause marks,
+# passed as the call's last key (an odd one out of the pairs).
+_CLAIM = """
+local ns_paused = #KEYS % 2 == 1 and redis.call('SISMEMBER', KEYS[#KEYS], '') == 1
+local function one(rk, hk, a)
+  local rec, slot, token = load(rk), tonumber(a[1]), 1
+  if ns_paused or redis.call('HEXISTS', rk, 'paused') == 1
+     or redis.call('HEXISTS', rk, 'npaused') == 1 then
+    return reply('paused', rec)
+  end
+  if rec then
+    if rec.slot == slot then return reply('taken', rec) end
+    if rec.slot > slot then return reply('stale', rec) end
+    if held(rec.state) then
+      if rec.expires > now then return reply('busy', rec) end
+      end_run(hk, rec.token, 'abandoned')
+    end
+    token = rec.token + 1
+  end
+  return start(rk, hk, {slot = slot, owner = a[2], attempt = 1, token = token,
+                        expires = now + tonumber(a[3])})
+end
+"""
+
+# Per job: slot, owner, lease_ms, seen token.
 _TAKEOVER = """
-if not rec then return {'taken'} end
-local lapsed = rec.state == 'released' or (rec.state == 'running' and rec.expires <= now)
-if rec.slot ~= tonumber(ARGV[1]) or rec.token ~= tonumber(ARGV[4]) or not lapsed then
-  return reply('taken', rec, now)
+local function one(rk, hk, a)
+  local rec = load(rk)
+  if not rec then return {'taken'} end
+  local lapsed = rec.state == 'released' or (rec.state == 'running' and rec.expires <= now)
+  if rec.slot ~= tonumber(a[1]) or rec.token ~= tonumber(a[4]) or not lapsed then
+    return reply('taken', rec)
+  end
+  if rec.state == 'running' then end_run(hk, rec.token, 'lost') end
+  return start(rk, hk, {slot = rec.slot, owner = a[2], attempt = rec.attempt + 1,
+                        token = rec.token + 1, expires = now + tonumber(a[3])})
 end
-if rec.state == 'running' then end_run(KEYS[2], rec.token, 'lost', now) end
-return start({slot = rec.slot, owner = ARGV[2], attempt = rec.attempt + 1,
-              token = rec.token + 1, expires = now + tonumber(ARGV[3])}, now)
 """
 
-# KEYS: rec, runs. ARGV: token, new state, lease_ms. Only the holder of the token,
-# running or dispatched, gets through. 'running' renews (and picks a dispatched
-# run up), 'dispatched' hands off, both for lease_ms; done/failed/released end the
-# run and its lease, and an end the record already has is answered 1 unchanged.
+# Per job: token, new state, lease_ms. Only the holder of the token, running or
+# dispatched, gets through. 'running' renews (and picks a dispatched run up),
+# 'dispatched' hands off, both for lease_ms; done/failed/released end the run and
+# its lease, and an end the record already has is answered 1 unchanged.
 _HELD = """
-local state = ARGV[2]
-if not rec or rec.token ~= tonumber(ARGV[1]) then return 0 end
-if rec.state == state and not held(state) then return 1 end
-if not held(rec.state) then return 0 end
-if held(state) then
-  redis.call('HSET', KEYS[1], 'state', state, 'expires', now + tonumber(ARGV[3]))
-  if rec.state ~= state then mark_run(KEYS[2], rec.token, state, nil) end
-else
-  redis.call('HSET', KEYS[1], 'state', state, 'expires', now)
-  end_run(KEYS[2], rec.token, state, now)
+local function one(rk, hk, a)
+  local rec, state = load(rk), a[2]
+  if not rec or rec.token ~= tonumber(a[1]) then return 0 end
+  if rec.state == state and not held(state) then return 1 end
+  if not held(rec.state) then return 0 end
+  if held(state) then
+    redis.call('HSET', rk, 'state', state, 'expires', now + tonumber(a[3]))
+    if rec.state ~= state then mark_run(hk, rec.token, state, nil) end
+  else
+    redis.call('HSET', rk, 'state', state, 'expires', now)
+    end_run(hk, rec.token, state)
+    if state == 'done' or state == 'failed' then
+      redis.call('HINCRBY', rk, 'n_' .. state, 1)
+      redis.call('HSET', rk, 'last_' .. state, now)
+    end
+  end
+  return 1
 end
-return 1
 """
+
+#: Jobs per script call outside a cluster: a call holds the server while it
+#: runs (some microseconds a job), so a larger batch is cut into several
+#: calls, sent in the same pipeline.
+_PER_CALL = 500
+
+
+# KEYS: the registry's hash (instance -> "seen_ms|info") and sorted set (instance by
+# expiry ms), one hash slot. ARGV: mode (announce, withdraw, read), instance, info,
+# ttl_ms. Answers the server's now, then (instance, expiry, "seen_ms|info") of each
+# live instance.
+_REGISTRY = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if ARGV[1] == 'withdraw' then
+  redis.call('HDEL', KEYS[1], ARGV[2])
+  redis.call('ZREM', KEYS[2], ARGV[2])
+  return {}
+end
+if ARGV[1] == 'announce' then
+  redis.call('HSET', KEYS[1], ARGV[2], now .. '|' .. ARGV[3])
+  redis.call('ZADD', KEYS[2], now + tonumber(ARGV[4]), ARGV[2])
+  for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)) do
+    redis.call('HDEL', KEYS[1], gone)
+  end
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+end
+local out = {now}
+local live = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. now, '+inf', 'WITHSCORES')
+for i = 1, #live, 2 do
+  local value = redis.call('HGET', KEYS[1], live[i])
+  if value then
+    table.insert(out, live[i])
+    table.insert(out, live[i + 1])
+    table.insert(out, value)
+  end
+end
+return out
+"""
+
+
+# KEYS: the namespace's hash of control entries (key -> "version|value"; the
+# field "" counts its writes). ARGV: key, expected version, 1 to write (0 to
+# remove), value. Answers {1, new version}, or {0, version found}.
+_SET_CONTROL = """
+local found = redis.call('HGET', KEYS[1], ARGV[1])
+local version = found and tonumber(string.match(found, '^(%d+)|')) or 0
+if version ~= tonumber(ARGV[2]) then return {0, version} end
+if ARGV[3] == '0' then
+  redis.call('HDEL', KEYS[1], ARGV[1])
+  return {1, 0}
+end
+local new = redis.call('HINCRBY', KEYS[1], '', 1)
+redis.call('HSET', KEYS[1], ARGV[1], new .. '|' .. ARGV[4])
+return {1, new}
+"""
+
+
+#: Error replies about the server, not one call: BUSY (a long script hogs the
+#: server), writes refused alike (NOREPLICAS: fewer replicas than
+#: ``min-replicas-to-write``; MISCONF: a failed snapshot stops writes), and a
+#: reply to the connection's own setup (SELECT of a database the server lacks).
+_SERVER_WIDE = ("BUSY", "NOREPLICAS", "MISCONF", "DB index is out of range")
+
+
+def _outage(error: Any) -> bool:
+    """Whether ``error`` is about the server, not one call: the store is unavailable."""
+    return isinstance(error, _UNAVAILABLE) or (
+        isinstance(error, ResponseError) and str(error).startswith(_SERVER_WIDE)
+    )
 
 
 def _text(value: Any) -> str:
@@ -342,9 +487,11 @@ class RedisStore(Store):
         self._password: str | None = kw.get("password")
         # Scripts know their SHA without a connection (an unconnected client encodes).
         encoder = client if client is not None else redis.Redis()
-        self._claim_script = Script(encoder, _COMMON + _CLAIM)
-        self._takeover_script = Script(encoder, _COMMON + _TAKEOVER)
-        self._held_script = Script(encoder, _COMMON + _HELD)
+        self._claim_script = Script(encoder, _COMMON + _CLAIM + _EACH)
+        self._takeover_script = Script(encoder, _COMMON + _TAKEOVER + _EACH)
+        self._held_script = Script(encoder, _COMMON + _HELD + _EACH)
+        self._registry_script = Script(encoder, _REGISTRY)
+        self._control_script = Script(encoder, _SET_CONTROL)
 
     @property
     def client(self) -> redis.Redis | RedisCluster:
@@ -403,11 +550,7 @@ class RedisStore(Store):
         try:
             yield
         except (*_UNAVAILABLE, ResponseError) as exc:
-            # BUSY (a long script hogs the server) passes, as does a reply to the
-            # connection's own setup (SELECT of a database the server lacks):
-            # the server, not this step, is at fault. Other replies are bugs.
-            busy = str(exc).startswith(("BUSY", "DB index is out of range"))
-            if not isinstance(exc, _UNAVAILABLE) and not busy:
+            if not _outage(exc):  # other replies are the call's
                 raise
             if isinstance(self._client, RedisCluster):
                 # The next step asks the cluster where each hash slot lives now.
@@ -436,62 +579,202 @@ class RedisStore(Store):
             by_node.setdefault(node.name, (connection, []))[1].append(i)
         return list(by_node.values())
 
+    def _server_of(self, key: str) -> Any:
+        """The server holding ``key``: the client, or on a cluster its hash slot's primary."""
+        client = self.client
+        if not isinstance(client, RedisCluster):
+            return client
+        node = client.get_node_from_key(key)  # type: ignore[no-untyped-call]
+        return client.get_redis_connection(node)
+
     def _run_scripts(
-        self, script: Script, calls: Sequence[tuple[str, list[Any]]], names: Sequence[str] = ()
+        self,
+        script: Script,
+        calls: Sequence[tuple[str, list[Any]]],
+        names: Sequence[str] = (),
+        last_key: str | None = None,
     ) -> list[Any]:
-        """An SADD of ``names``, then ``script`` once per (job, args): one pipeline per server."""
+        """An SADD of ``names``, then ``script`` for each (job, args): one pipeline per server.
+
+        Outside a cluster one script call runs the jobs of up to
+        :data:`_PER_CALL` calls; on a cluster each job's keys have a hash slot
+        of their own, so each job is a call. Each job answers alone: an error
+        on one job's keys is that job's answer (see :func:`refused_if_any`);
+        an outage is raised. ``last_key``, outside a cluster, ends each call's keys.
+        """
         results: list[Any] = [None] * len(calls)
+        per_call = 1 if self._cluster else _PER_CALL
         with self._guard():
             if names and self._cluster:
                 self.client.sadd(self._jobs_key, *names)  # its own hash slot
             for server, indexes in self._servers([job for job, _ in calls]):
+                chunks = [indexes[i : i + per_call] for i in range(0, len(indexes), per_call)]
+                sent = [self._script_call(calls, chunk) for chunk in chunks]
+                if last_key is not None and not self._cluster:
+                    sent = [([*keys, last_key], args) for keys, args in sent]
                 pipe = server.pipeline(transaction=False)
                 add = bool(names) and not self._cluster
                 if add:
                     pipe.sadd(self._jobs_key, *names)
-                for i in indexes:
-                    job, args = calls[i]
-                    pipe.evalsha(script.sha, 2, *self._keys(job), *args)
+                for keys, args in sent:
+                    pipe.evalsha(script.sha, len(keys), *keys, *args)
                 replies = pipe.execute(raise_on_error=False)[1 if add else 0 :]
-                for i, result in zip(indexes, replies, strict=True):
-                    if isinstance(result, NoScriptError):
+                for chunk, (keys, args), reply in zip(chunks, sent, replies, strict=True):
+                    if isinstance(reply, NoScriptError):
                         # Flushed or restarted server; the script did not run. Script
                         # loads itself and sends it again.
-                        job, args = calls[i]
-                        result = script(self._keys(job), args, client=server)
-                    elif isinstance(result, Exception):
-                        raise result
-                    results[i] = result
+                        reply = script(keys, args, client=server)
+                    answers = reply if isinstance(reply, list) else [reply] * len(chunk)
+                    for i, answer in zip(chunk, answers, strict=True):
+                        results[i] = answer
+            for answer in results:
+                if _outage(answer):
+                    raise answer
         return results
+
+    def _run_script(
+        self,
+        script: Script,
+        job: str,
+        args: list[Any],
+        names: Sequence[str] = (),
+        last_key: str | None = None,
+    ) -> Any:
+        """``script`` for one job: its answer, or its error raised."""
+        (reply,) = self._run_scripts(script, [(job, args)], names, last_key)
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+    def _script_call(
+        self, calls: Sequence[tuple[str, list[Any]]], chunk: list[int]
+    ) -> tuple[list[str], list[Any]]:
+        """The keys and arguments of one script call for the jobs of ``chunk``."""
+        keys: list[str] = []
+        args: list[Any] = [len(calls[chunk[0]][1])]
+        for i in chunk:
+            job, job_args = calls[i]
+            keys += self._keys(job)
+            args += job_args
+        return keys, args
 
     @property
     def _jobs_key(self) -> str:
         return f"anarchon:{{{self.namespace}}}:jobs"
 
+    @property
+    def _pause_key(self) -> str:
+        """The set of the namespace's pause marks (job names, and '' for the namespace)."""
+        return f"anarchon:{{{self.namespace}}}:paused"
+
+    def _set_pause(self, key: str, on: bool) -> bool:
+        """The mark in each record's hash (what claims read), then in the set (for listing).
+
+        The namespace's mark: outside a cluster claims read the set itself; on
+        a cluster (keys of one call share a hash slot) each job that has a
+        record gets the mark in its hash.
+        """
+        with self._guard():
+            client = self.client
+            if key != NAMESPACE_PAUSE:
+                names, field = [key], "paused"
+            elif self._cluster:
+                names = [_text(name) for name in client.smembers(self._jobs_key)]
+                field = "npaused"
+            else:
+                names, field = [], ""
+            changed = False
+            for server, indexes in self._servers(names):
+                pipe = server.pipeline(transaction=False)
+                for i in indexes:
+                    rk = self._keys(names[i])[0]
+                    if on:
+                        pipe.hset(rk, field, 1)
+                    else:
+                        pipe.hdel(rk, field)
+                changed = any(pipe.execute()) or changed
+            marked = client.sadd(self._pause_key, key) if on else client.srem(self._pause_key, key)
+        return changed if key != NAMESPACE_PAUSE else bool(marked)
+
+    def _pause_marks(self) -> set[str]:
+        with self._guard():
+            return {_text(name) for name in self.client.smembers(self._pause_key)}
+
+    @property
+    def _controls_key(self) -> str:
+        return f"anarchon:{{{self.namespace}}}:controls"
+
+    def _controls(self, prefixes: tuple[str, ...]) -> dict[str, tuple[int, str]]:
+        with self._guard():
+            entries = self.client.hgetall(self._controls_key)
+        found = {}
+        for key, entry in entries.items():
+            name = _text(key)
+            if name and name.startswith(prefixes):
+                version, _, value = _text(entry).partition("|")
+                found[name] = (int(version), value)
+        return found
+
+    def _set_control(self, key: str, value: str | None, expected: int) -> int:
+        args: list[str | int] = [key, expected, 0 if value is None else 1, value or ""]
+        with self._guard():
+            server = self._server_of(self._controls_key)
+            done, version = self._control_script([self._controls_key], args, server)
+        if not done:
+            raise Conflict(key, expected, int(version))
+        return int(version)
+
     def _claim(self, job: str, reply: list[Any]) -> Claim:
         status = ClaimStatus(_text(reply[0]))
         return Claim(status, _job_state(job, *reply[1:]) if len(reply) > 1 else None)
 
+    def _paused_on_cluster(self, jobs: Sequence[str]) -> list[Claim] | None:
+        """On a cluster, the answers to claims of ``jobs`` while the namespace is paused.
+
+        A claim script there reaches one hash slot, not the namespace's set of
+        marks, and the namespace's mark is copied only into the records that
+        existed when it was set: so every claim call first reads the set. A
+        claim sent after the pause returned is refused; one in flight then is
+        concurrent with it (as on NATS).
+        """
+        if not self._cluster:
+            return None
+        with self._guard():
+            paused = self.client.sismember(self._pause_key, NAMESPACE_PAUSE)
+        if not paused:
+            return None
+        states = self.states(jobs)
+        return [Claim(ClaimStatus.PAUSED, states.get(job)) for job in jobs]
+
     def claim(self, job: str, slot_ms: int, owner: str, lease: float) -> Claim:
-        return self.claim_many([ClaimRequest(job, slot_ms, lease)], owner)[0]
+        if (paused := self._paused_on_cluster([job])) is not None:
+            return paused[0]
+        args = [slot_ms, owner, round(lease * 1000)]
+        reply = self._run_script(self._claim_script, job, args, [job], self._pause_key)
+        return self._claim(job, reply)
 
     def claim_many(self, requests: Sequence[ClaimRequest], owner: str) -> list[Claim]:
         if not requests:
             return []
+        if (paused := self._paused_on_cluster([r.job for r in requests])) is not None:
+            return paused
         calls = [(r.job, [r.slot_ms, owner, round(r.lease * 1000)]) for r in requests]
         names = sorted({r.job for r in requests})
-        replies = self._run_scripts(self._claim_script, calls, names)
-        return [self._claim(r.job, reply) for r, reply in zip(requests, replies, strict=True)]
+        replies = self._run_scripts(self._claim_script, calls, names, self._pause_key)
+        return refused_if_any(
+            [
+                reply if isinstance(reply, Exception) else self._claim(r.job, reply)
+                for r, reply in zip(requests, replies, strict=True)
+            ]
+        )
 
     def takeover(self, job: str, slot_ms: int, owner: str, lease: float, seen_token: int) -> Claim:
         args = [slot_ms, owner, round(lease * 1000), seen_token]
-        (reply,) = self._run_scripts(self._takeover_script, [(job, args)])
-        return self._claim(job, reply)
+        return self._claim(job, self._run_script(self._takeover_script, job, args))
 
     def _held(self, job: str, token: int, state: RunState, lease: float = 0) -> bool:
         args = [token, state.value, round(lease * 1000)]
-        (reply,) = self._run_scripts(self._held_script, [(job, args)])
-        return int(reply) == 1
+        return int(self._run_script(self._held_script, job, args)) == 1
 
     def renew(self, job: str, token: int, lease: float) -> bool:
         return self._held(job, token, RunState.RUNNING, lease)
@@ -501,6 +784,16 @@ class RedisStore(Store):
 
     def _end(self, job: str, token: int, state: RunState) -> bool:
         return self._held(job, token, state)
+
+    def change_many(self, changes: Sequence[Change]) -> list[bool]:
+        """One pipeline per server of the script calls of the changes."""
+        if not changes:
+            return []
+        calls = [(c.job, [c.token, c.state.value, round(c.lease * 1000)]) for c in changes]
+        replies = self._run_scripts(self._held_script, calls)
+        return refused_if_any(
+            [reply if isinstance(reply, Exception) else int(reply) == 1 for reply in replies]
+        )
 
     def states(self, jobs: Iterable[str]) -> dict[str, JobState]:
         names = list(dict.fromkeys(jobs))
@@ -521,6 +814,23 @@ class RedisStore(Store):
                         found[names[i]] = _job_state(names[i], *rec[:5], int(rec[5]) - now_ms)
         return {job: found[job] for job in names if job in found}
 
+    def stats(self, jobs: Iterable[str]) -> dict[str, JobStats]:
+        names = list(dict.fromkeys(jobs))
+        fields = ("n_runs", "n_takeovers", "n_done", "n_failed", "last_done", "last_failed")
+        found: dict[str, JobStats] = {}
+        with self._guard():
+            for server, indexes in self._servers(names):
+                pipe = server.pipeline(transaction=False)
+                for i in indexes:
+                    pipe.hmget(self._keys(names[i])[0], fields)
+                for i, row in zip(indexes, pipe.execute(), strict=True):
+                    if row[0] is None:
+                        continue
+                    runs, takeovers, done, failed = (int(value or 0) for value in row[:4])
+                    last = [None if value is None else int(value) / 1000 for value in row[4:]]
+                    found[names[i]] = JobStats(names[i], runs, takeovers, done, failed, *last)
+        return found
+
     def history(self, job: str, limit: int = 20) -> list[RunRecord]:
         if limit <= 0:
             return []
@@ -536,10 +846,35 @@ class RedisStore(Store):
             for server, indexes in self._servers(names):
                 pipe = server.pipeline(transaction=False)
                 for i in indexes:
-                    pipe.exists(self._keys(names[i])[0])
+                    pipe.hexists(self._keys(names[i])[0], "slot")  # not a pause alone
                 for i, found in zip(indexes, pipe.execute(), strict=True):
                     exists[i] = bool(found)
         return [job for job, found in zip(names, exists, strict=True) if found]
+
+    keeps_registry = True
+
+    def _registry(self, mode: str, instance: str = "", info: str = "", ttl: float = 0) -> Any:
+        keys = [f"anarchon:{{{self.namespace}}}:instances", f"anarchon:{{{self.namespace}}}:seen"]
+        with self._guard():
+            server = self._server_of(keys[0])
+            return self._registry_script(keys, [mode, instance, info, round(ttl * 1000)], server)
+
+    def _announce(self, instance: str, info: str, ttl: float) -> list[InstanceRecord]:
+        return self._live(self._registry("announce", instance, info, ttl))
+
+    def withdraw(self, instance: str) -> None:
+        self._registry("withdraw", instance)
+
+    def instances(self) -> list[InstanceRecord]:
+        return self._live(self._registry("read"))
+
+    def _live(self, reply: list[Any]) -> list[InstanceRecord]:
+        now, found = int(reply[0]), []
+        for i in range(1, len(reply), 3):
+            seen, _, info = _text(reply[i + 2]).partition("|")
+            age, left = (now - int(seen)) / 1000, (float(reply[i + 1]) - now) / 1000
+            found.append(self._instance_record((_text(reply[i]), info, age, left)))
+        return sorted(found, key=lambda record: record.instance)
 
     def close(self) -> None:
         if self._owns_client and self._client is not None:

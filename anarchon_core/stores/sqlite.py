@@ -15,20 +15,50 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from ..durations import store_timeout
-from ..errors import ConfigurationError, StoreUnavailable
-from ..store import Claim, ClaimRequest, ClaimStatus, JobState, RunRecord, RunState, Store
+from ..errors import ConfigurationError, Conflict, StoreUnavailable
+from ..store import (
+    Change,
+    Claim,
+    ClaimRequest,
+    ClaimStatus,
+    InstanceRecord,
+    JobState,
+    JobStats,
+    RunRecord,
+    RunState,
+    Store,
+)
 from ..urls import scrub, url_options
 from . import _sql
 from ._lock import CallLock
 
 #: Largest number of job names per ``IN (...)`` list.
 _CHUNK = 500
+
+
+def _statement(change: Change) -> tuple[str, dict[str, Any]]:
+    """The statement of one change of a batch, with its values."""
+    values: dict[str, Any] = {"job": change.job, "token": change.token}
+    if change.state is RunState.RUNNING:
+        return _sql.RENEW, {**values, "lease": change.lease}
+    if change.state is RunState.DISPATCHED:
+        return _sql.DISPATCH, {**values, "lease": change.lease}
+    return _sql.END, {**values, "state": change.state.value}
+
+
+def _locked(exc: sqlite3.OperationalError) -> bool:
+    """Whether SQLite refused for another connection's lock (worth a wait)."""
+    code = getattr(exc, "sqlite_errorcode", None)  # Python 3.11+
+    if code is None:
+        return "locked" in str(exc) or "busy" in str(exc)
+    return code & 0xFF in (5, 6)  # SQLITE_BUSY, SQLITE_LOCKED
 
 
 class SQLDialectStore(Store):
@@ -105,6 +135,8 @@ class SQLDialectStore(Store):
         ).fetchone()
         if row is not None:
             return Claim(ClaimStatus.WON, self._job_state(row))
+        if self._run(conn, _sql.PAUSED, job=job).fetchone():  # the same transaction
+            return Claim(ClaimStatus.PAUSED, self._read(conn, job))
         return self._lost(slot_ms, self._read(conn, job))
 
     def claim(self, job: str, slot_ms: int, owner: str, lease: float) -> Claim:
@@ -143,16 +175,33 @@ class SQLDialectStore(Store):
     def _end(self, job: str, token: int, state: RunState) -> bool:
         return self._change(_sql.END, job=job, token=token, state=state.value)
 
-    def states(self, jobs: Iterable[str]) -> dict[str, JobState]:
+    def change_many(self, changes: Sequence[Change]) -> list[bool]:
+        """Every change in one transaction."""
+        if not changes:
+            return []
+        with self._transaction() as conn:
+            answers = []
+            for change in changes:
+                sql, values = _statement(change)
+                answers.append(int(self._run(conn, sql, **values).rowcount) == 1)
+            return answers
+
+    def _rows_of(self, sql: str, jobs: Iterable[str]) -> list[Any]:
+        """The rows of ``sql`` (its ``{marks}`` the jobs' names) for ``jobs``, in chunks."""
         names = list(dict.fromkeys(jobs))
-        found: dict[str, JobState] = {}
+        rows: list[Any] = []
         with self._transaction(write=False) as conn:
             for i in range(0, len(names), _CHUNK):
                 chunk = names[i : i + _CHUNK]
-                sql = _sql.SELECT.format(marks=", ".join("?" * len(chunk)))
-                for row in conn.execute(sql, (self.namespace, *chunk)).fetchall():
-                    found[row[0]] = self._job_state(row)
-        return found
+                marks = ", ".join("?" * len(chunk))
+                rows += conn.execute(sql.format(marks=marks), (self.namespace, *chunk)).fetchall()
+        return rows
+
+    def states(self, jobs: Iterable[str]) -> dict[str, JobState]:
+        return {row[0]: self._job_state(row) for row in self._rows_of(_sql.SELECT, jobs)}
+
+    def stats(self, jobs: Iterable[str]) -> dict[str, JobStats]:
+        return {row[0]: JobStats(*row) for row in self._rows_of(_sql.STATS, jobs)}
 
     def history(self, job: str, limit: int = 20) -> list[RunRecord]:
         with self._transaction(write=False) as conn:
@@ -162,6 +211,51 @@ class SQLDialectStore(Store):
     def jobs(self) -> list[str]:
         with self._transaction(write=False) as conn:
             return [row[0] for row in conn.execute(_sql.JOBS, (self.namespace,)).fetchall()]
+
+    def _set_pause(self, key: str, on: bool) -> bool:
+        return self._change(_sql.PAUSE if on else _sql.RESUME, job=key)
+
+    def _pause_marks(self) -> set[str]:
+        with self._transaction(write=False) as conn:
+            return {row[0] for row in self._run(conn, _sql.PAUSE_MARKS).fetchall()}
+
+    def _controls(self, prefixes: tuple[str, ...]) -> dict[str, tuple[int, str]]:
+        starts = " OR ".join(["substr(key, 1, length(?)) = ?"] * len(prefixes))
+        params = [self.namespace, *(p for prefix in prefixes for p in (prefix, prefix))]
+        with self._transaction(write=False) as conn:
+            rows = conn.execute(_sql.CONTROLS.format(starts=starts), tuple(params)).fetchall()
+        return {key: (int(version), value) for key, version, value in rows}
+
+    def _set_control(self, key: str, value: str | None, expected: int) -> int:
+        with self._transaction() as conn:  # one write transaction: the compare and the set
+            row = self._run(conn, _sql.CONTROL_VERSION, key=key).fetchone()
+            found = int(row[0]) if row else 0
+            if found != expected:
+                raise Conflict(key, expected, found)
+            if value is None:
+                self._run(conn, _sql.CONTROL_DELETE, key=key)
+                return 0
+            version = int(self._run(conn, _sql.CONTROL_COUNT).fetchone()[0])
+            self._run(conn, _sql.CONTROL_PUT, key=key, version=version, value=value)
+            return version
+
+    keeps_registry = True
+
+    def _announce(self, instance: str, info: str, ttl: float) -> list[InstanceRecord]:
+        with self._transaction() as conn:
+            self._run(conn, _sql.ANNOUNCE, instance=instance, info=info, ttl=ttl)
+            self._run(conn, _sql.EXPIRE)
+            rows = self._run(conn, _sql.INSTANCES).fetchall()
+        return [self._instance_record(row) for row in rows]
+
+    def withdraw(self, instance: str) -> None:
+        with self._transaction() as conn:
+            self._run(conn, _sql.WITHDRAW, instance=instance)
+
+    def instances(self) -> list[InstanceRecord]:
+        with self._transaction(write=False) as conn:
+            rows = self._run(conn, _sql.INSTANCES).fetchall()
+        return [self._instance_record(row) for row in rows]
 
     def _create_schema(self) -> None:
         """Create the tables and triggers now (else the first call does)."""
@@ -218,9 +312,26 @@ class SQLiteStore(SQLDialectStore):
         conn = sqlite3.connect(
             self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
         )
-        conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
-        conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute("PRAGMA synchronous = NORMAL")
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
+            # Switching to WAL needs the exclusive lock, and SQLite answers
+            # "database is locked" at once, without its busy handler, while
+            # another connection opens or closes the file: wait as for a writer.
+            deadline = time.monotonic() + self.busy_timeout
+            pause = 0.002
+            while True:
+                try:
+                    conn.execute("PRAGMA journal_mode = WAL")
+                    break
+                except sqlite3.OperationalError as exc:
+                    if not _locked(exc) or time.monotonic() + pause > deadline:
+                        raise
+                    time.sleep(pause)
+                    pause = min(2 * pause, 0.05)
+            conn.execute("PRAGMA synchronous = NORMAL")
+        except BaseException:
+            conn.close()
+            raise
         return conn
 
     def __repr__(self) -> str:

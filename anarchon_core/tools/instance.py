@@ -101,6 +101,8 @@ def main(argv: list[str] | None = None) -> None:
             time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
         report.write("abort" if run.lost else "end", reason=run.lost_reason, **fields)
 
+    # The handler that schedules stored at run time name (anarchon add JOB --handler work).
+    scheduler.handler("work")(work)
     if args.cron:
         scheduler.add_job(work, name=args.job, cron=args.cron)
     else:

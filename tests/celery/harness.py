@@ -16,7 +16,15 @@ class CeleryFleet(Pods):
 
     prefix = "c"
 
-    def worker(self, name: str, *, beat: bool = True, concurrency: int = 2, **extra: str) -> None:
+    def worker(
+        self,
+        name: str,
+        *,
+        beat: bool = True,
+        concurrency: int = 2,
+        queue: str | None = None,
+        **extra: str,
+    ) -> None:
         # Node names unique across tests that share the broker: "<pod>.<namespace>@host".
         argv = [CELERY, "-A", "tests.celery.e2e_app", "worker", "-n", f"{name}.{self.namespace}@%h"]
         argv += [
@@ -27,6 +35,8 @@ class CeleryFleet(Pods):
             "--without-gossip",
             "--without-mingle",
         ]
+        if queue is not None:
+            argv += ["-Q", queue]  # consumes that queue instead of the test's own
         if beat:
             argv += ["-B", "--scheduler", "anarchon_celery:Scheduler"]
             argv += ["-s", str(self.tmp_path / f"{name}-beat-schedule")]

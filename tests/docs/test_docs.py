@@ -514,11 +514,11 @@ def test_the_celery_settings_table_lists_what_beat_reads() -> None:
     # Every setting name in the code is a quoted literal; the workers' flag is not a setting.
     read = set(re.findall(r"[\"'](anarchon_[a-z_]+)[\"']", code)) - {tracking.FLAG}
     assert listed == read, "the settings table and the settings anarchon_celery reads differ"
-    from anarchon_core.jobs import DEFAULT_JITTER, DEFAULT_LEASE
+    from anarchon_core.jobs import DEFAULT_LEASE, DISPATCH_JITTER
 
     defaults = {unquote(row[0]): row[1] for row in rows}
     assert seconds(defaults["anarchon_lease"]) == DEFAULT_LEASE
-    assert seconds(defaults["anarchon_jitter"]) == DEFAULT_JITTER
+    assert seconds(defaults["anarchon_jitter"]) == DISPATCH_JITTER
     assert seconds(defaults["anarchon_pickup"]) == scheduler.DEFAULT_PICKUP
 
 

@@ -74,3 +74,25 @@ def _actor(name: str, spec: dict[str, Any]) -> None:
 
 for _name, _spec in json.loads(os.environ.get("E2E_SCHEDULE", "{}")).items():
     _actor(_name, _spec)
+
+
+@dramatiq.actor(actor_name="e2e_echo", queue_name=NAMESPACE, max_retries=0)
+def echo(*args: Any, **kwargs: Any) -> None:
+    """Not periodic: what schedules stored at run time name; reports the arguments it got."""
+    message = CurrentMessage.get_current_message()
+    assert message is not None
+    info = message.options.get("anarchon") or {}
+    fields = {
+        "job": info.get("job"),
+        "slot_id": info.get("slot_id"),
+        "attempt": info.get("attempt"),
+        "sent_by": info.get("sent_by"),
+        "pid": os.getpid(),
+        "message_id": message.message_id,
+        "info": info,
+        "args": list(args),
+        "kwargs": kwargs,
+    }
+    report().write("start", **fields)
+    time.sleep(0.1)
+    report().write("end", **fields)

@@ -8,7 +8,16 @@ import time
 
 import pytest
 
-from anarchon_core import ClaimRequest, ClaimStatus, JobState, RunState, Store
+from anarchon_core import (
+    Change,
+    ClaimRequest,
+    ClaimStatus,
+    ConfigurationError,
+    JobState,
+    RunState,
+    Store,
+)
+from anarchon_core.store import MIN_TTL
 from tests.stores.conftest import StoreFactory
 from tests.stores.racer import race
 
@@ -376,3 +385,82 @@ def test_racing_claimers_get_exactly_one_winner(
             wins = pool.starmap(race, args)
     per_round = [sum(w[r] for w in wins) for r in range(rounds)]
     assert per_round == [1] * rounds
+
+
+def test_change_many_answers_each_change_as_its_own_step(lease_store: Store) -> None:
+    store = lease_store
+    renewed, dispatched, done, released = (_claimed(store, job) for job in "wxyz")
+    stale = _claimed(store, "s")
+    changes = [
+        Change("w", renewed.token, RunState.RUNNING, 20),
+        Change("x", dispatched.token, RunState.DISPATCHED, 5),
+        Change("y", done.token, RunState.DONE),
+        Change("s", stale.token + 1, RunState.DONE),  # a token nobody holds
+        Change("z", released.token, RunState.RELEASED),
+        Change("missing", 1, RunState.FAILED),
+    ]
+    assert store.change_many(changes) == [True, True, True, False, True, False]
+    states = store.states(["w", "x", "y", "s", "z"])
+    assert states["w"].state is RunState.RUNNING and 19 < states["w"].lease_remaining <= 20
+    assert states["x"].state is RunState.DISPATCHED and states["x"].lease_remaining <= 5
+    assert states["y"].state is RunState.DONE
+    assert states["s"].state is RunState.RUNNING  # untouched by the refused change
+    assert states["z"].state is RunState.RELEASED
+    # An end re-sent after its reply was lost answers yes again; a renewal of an
+    # ended run is refused; nothing in an empty batch.
+    again = [Change("y", done.token, RunState.DONE), Change("y", done.token, RunState.RUNNING, 9)]
+    assert store.change_many(again) == [True, False]
+    assert store.change_many([]) == []
+    assert [r.state for r in store.history("y")] == [RunState.DONE]
+    assert store.takeover("z", SLOT, "b", 10, released.token).won
+
+
+def test_change_many_hands_off_then_finishes_in_one_batch(store: Store) -> None:
+    holder = _claimed(store)
+    changes = [Change("job", holder.token, RunState.DISPATCHED, 5)]
+    changes.append(Change("job", holder.token, RunState.DONE))
+    assert store.change_many(changes) == [True, True]
+    if store.supports_lease:
+        state = store.state("job")
+        assert state is not None and state.state is RunState.DONE
+
+
+def test_a_change_to_lost_or_abandoned_is_refused() -> None:
+    for state in (RunState.LOST, RunState.ABANDONED):
+        with pytest.raises(ValueError, match=state.value):
+            Change("job", 1, state)
+
+
+def test_the_registry_answers_the_live_instances(store: Store) -> None:
+    if not store.keeps_registry:
+        assert store.announce("a", {"host": "h"}, 5) == [] and store.instances() == []
+        return
+    [a] = store.announce("a", {"host": "h", "pid": 1}, 5)
+    assert (a.instance, a.info) == ("a", {"host": "h", "pid": 1})
+    assert 0 <= a.age < 1 and 4 < a.expires_in <= 5
+    live = store.announce("b", {"host": "h2"}, 0.6 + MIN_TTL)
+    assert [r.instance for r in live] == ["a", "b"]
+    # Announcing again renews the record and replaces what it says.
+    [a_again, _] = store.announce("a", {"host": "h", "pid": 2}, 5)
+    assert a_again.info == {"host": "h", "pid": 2}
+    assert [r.instance for r in store.instances()] == ["a", "b"]
+    time.sleep(1.7)  # b's record expires; a's does not
+    assert [r.instance for r in store.instances()] == ["a"]
+    assert [r.instance for r in store.announce("c", {}, 5)] == ["a", "c"]
+    store.withdraw("a")
+    store.withdraw("never-announced")
+    assert [r.instance for r in store.instances()] == ["c"]
+    # The registry is not a job: nothing of it in the jobs or their records.
+    assert store.jobs() == []
+
+
+def test_the_registry_refuses_bad_input_before_writing(store: Store) -> None:
+    with pytest.raises(ConfigurationError, match="instance name"):
+        store.announce("bad\nname", {}, 5)
+    with pytest.raises(ValueError, match="1 s to 1 h"):
+        store.announce("a", {}, 0.5)
+    with pytest.raises(ValueError, match="over 4096 bytes"):
+        store.announce("a", {"x": "y" * 5000}, 5)
+    with pytest.raises(TypeError):
+        store.announce("a", {"x": object()}, 5)
+    assert store.instances() == []

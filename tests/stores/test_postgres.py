@@ -46,7 +46,7 @@ def make(url: str) -> Iterator[Make]:
         store.close()
     with psycopg.connect(url, autocommit=True) as conn:
         for prefix in {table_prefix(store.namespace) for store in made}:
-            for suffix in ("jobs", "runs"):
+            for suffix in ("jobs", "runs", "paused", "controls", "stats"):
                 conn.execute(
                     sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(f"{prefix}_{suffix}"))
                 )
@@ -85,7 +85,8 @@ def test_schema_creation_is_idempotent_under_concurrent_first_use(make: Make, ur
         thread.join()
     assert sorted(map(str, results)) == sorted(["ClaimStatus.WON"] + ["ClaimStatus.TAKEN"] * 7)
     prefix = table_prefix(namespace)
-    assert _tables(url, namespace) == [f"{prefix}_jobs", f"{prefix}_runs"]
+    parts = ("controls", "jobs", "paused", "runs", "stats")
+    assert _tables(url, namespace) == [f"{prefix}_{part}" for part in parts]
     # Again, on tables that exist: nothing changes, nothing fails.
     again = make(namespace)
     assert again.claim("job", SLOT, "late", 10).status is ClaimStatus.TAKEN
@@ -108,7 +109,7 @@ def test_odd_namespaces_map_to_valid_distinct_tables(make: Make, url: str) -> No
     assert len(prefixes) == len(names)
     for name, store in zip(names, stores, strict=True):
         tables = _tables(url, name)
-        assert len(tables) == 2 and all(len(t.encode()) <= 63 for t in tables)
+        assert len(tables) == 5 and all(len(t.encode()) <= 63 for t in tables)
         assert store.jobs() == ["job"]
     owners = [state.owner for s in stores if (state := s.state("job")) is not None]
     assert owners == [f"owner{i}" for i in range(len(names))]

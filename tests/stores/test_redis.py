@@ -15,7 +15,7 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-from anarchon_core import ClaimRequest, ClaimStatus, RunState
+from anarchon_core import Change, ClaimRequest, ClaimStatus, RunState
 from anarchon_core.errors import ConfigurationError, StoreUnavailable
 from anarchon_core.stores.redis import RedisStore
 from tests import servers
@@ -121,7 +121,9 @@ def test_the_lease_is_measured_by_the_server_clock(
     assert store.takeover("quick", SLOT, "b", 10, short.token).won
 
 
-def test_claim_many_is_one_round_trip(store: RedisStore, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_claim_many_and_change_many_are_one_round_trip_each(
+    store: RedisStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
     calls: list[str] = []
     execute = redis.client.Pipeline.execute
     command = redis.Redis.execute_command
@@ -134,13 +136,20 @@ def test_claim_many_is_one_round_trip(store: RedisStore, monkeypatch: pytest.Mon
         calls.append(str(args[0]))
         return command(self, *args, **options)  # type: ignore[no-untyped-call]
 
-    store.claim("warm", SLOT, "a", 10)  # the scripts are loaded by now
+    warm = store.claim("warm", SLOT, "a", 10).holder  # the scripts are loaded by now
+    assert warm is not None and store.renew("warm", warm.token, 10)
     monkeypatch.setattr(redis.client.Pipeline, "execute", counted_execute)
     monkeypatch.setattr(redis.Redis, "execute_command", counted_command)
     claims = store.claim_many([ClaimRequest(f"j{i}", SLOT, 10) for i in range(20)], "a")
     assert all(c.won for c in claims)
     assert len(store.states(f"j{i}" for i in range(20))) == 20
     assert calls == ["pipeline", "pipeline"]
+    calls.clear()
+    ends = [
+        Change(f"j{i}", c.holder.token, RunState.DONE) for i, c in enumerate(claims) if c.holder
+    ]
+    assert store.change_many(ends) == [True] * 20
+    assert calls == ["pipeline"]
 
 
 def test_a_client_passed_in_is_used_and_left_open(url: str, namespace: str) -> None:

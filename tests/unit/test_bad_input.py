@@ -20,6 +20,8 @@ import pytest
 from anarchon_core import (
     ConfigurationError,
     Event,
+    Run,
+    RunState,
     Scheduler,
     open_store,
     redact,
@@ -114,6 +116,42 @@ def test_one_job_the_store_refuses_does_not_stop_the_others() -> None:
     assert not [e for e in events if e.kind == "store_unavailable"]
 
 
+class RefusesOneEnd(MemoryStore):
+    """Takes every claim; refuses, always and alone, the end of one job's runs."""
+
+    def _end(self, job: str, token: int, state: RunState) -> bool:
+        if job == "poisoned":
+            raise ValueError("the server cannot record this job's end")
+        return super()._end(job, token, state)
+
+
+def test_a_run_whose_end_the_store_keeps_refusing_does_not_stop_the_others() -> None:
+    # The end of "poisoned" is sent alone at the start of a step (the batch of
+    # ends holds nothing else): it fails the step once, as a store failure;
+    # after that it fails alone, and the other job's slots go on every second.
+    events: list[Event] = []
+    ran: list[str] = []
+    enough = threading.Event()
+    cron = Scheduler(RefusesOneEnd(), instance="a", listener=events.append)
+
+    def healthy(run: Run) -> None:
+        ran.append(run.slot_id)
+        if len(ran) >= 4:
+            enough.set()
+
+    cron.add_job(healthy, name="healthy", every=1, jitter=0)
+    cron.add_job(lambda: None, name="poisoned", every=1, jitter=0)
+    cron.start()
+    try:
+        assert enough.wait(7), "\n".join(str(e) for e in events)
+    finally:
+        cron.stop()
+    assert len(set(ran)) == len(ran)
+    refused = [e for e in events if e.kind == "store_refused"]
+    assert {e.job for e in refused} == {"poisoned"}
+    assert "cannot record this job's end" in refused[0].detail
+
+
 def test_an_error_on_every_job_alike_is_a_store_failure() -> None:
     class RefusesAll(MemoryStore):
         def states(self, jobs: Iterable[str]) -> dict[str, JobState]:
@@ -145,6 +183,13 @@ def test_an_error_on_every_job_alike_is_a_store_failure() -> None:
         ("http://127.0.0.1:8080?auth_token=x", r"'auth_token' \(accepted: authToken, timeout"),
         ("memory://?size=3", r"unknown option 'size' \(accepted: none\)"),
         ("postgresql://127.0.0.1/test?foo=bar", r'invalid URI query parameter: "foo"'),
+        # Linux refuses a TCP keepalive time of 0: libpq would fail at every connect.
+        ("postgresql://127.0.0.1/test?keepalives_idle=0", r"keepalives_idle='0'.*from 1 to"),
+        # Percent-escapes that decode to no UTF-8, in the user, password or database.
+        ("postgresql://%fA@127.0.0.1/test", r"percent-escape.*not UTF-8"),
+        ("postgresql://u:s3cr%ffet@127.0.0.1/test", r"percent-escape.*not UTF-8"),
+        ("postgresql://127.0.0.1/te%e9st", r"percent-escape.*not UTF-8"),
+        ("postgresql://127.0.0.1/test?keepalives_count=0", r"keepalives_count='0'.*from 1 to"),
         ("redis://[::1", "Invalid IPv6 URL"),
         ("redis://:pw@127.0.0.1:99999/0", "Port out of range"),
         ("nats://127.0.0.1:port", "Port could not be cast"),

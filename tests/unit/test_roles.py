@@ -143,10 +143,18 @@ def test_catching_up_a_missed_slot_but_not_one_skipped_as_an_overlap() -> None:
 
 def test_how_late_a_slot_may_be_claimed_and_when_a_win_is_a_catch_up() -> None:
     rt = runtime(catch_up=0)
-    assert not rt.too_late(SLOT, lateness=2.0)  # within jitter (1 s) plus one second
-    assert rt.too_late(SLOT, lateness=2.1)
+    # Within jitter (1 s), the wait for a preferred peer (jitter + 1 s) and one second.
+    assert rt.deferral == 2.0
+    assert not rt.too_late(SLOT, lateness=4.0)
+    assert rt.too_late(SLOT, lateness=4.1)
     assert rt.won_kind(2.0) is EventKind.WON
     assert rt.won_kind(2.1) is EventKind.CATCH_UP
+    # A claim that waited for a preferred peer is on time that much later.
+    assert rt.won_kind(4.0, deferred=2.0) is EventKind.WON
+    assert rt.won_kind(4.1, deferred=2.0) is EventKind.CATCH_UP
+    # The wait is at most a tenth of the interval.
+    short = JobRuntime(Job("job", lambda: None, make_schedule(every=2), JobOptions(jitter=0)))
+    assert short.deferral == 0.2
     assert not runtime(catch_up=30).too_late(SLOT, lateness=30)
 
 

@@ -1,0 +1,60 @@
+"""The handler threads of the real clock: reused while idle, ended once idle too long."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from anarchon_core.clock import Workers
+
+
+def _burst(workers: Workers, n: int, gate: threading.Event) -> tuple[list[object], list[str]]:
+    seen: list[str] = []
+    lock = threading.Lock()
+
+    def target() -> None:
+        with lock:
+            seen.append(threading.current_thread().name)
+        gate.wait(5)
+
+    return [workers.spawn(target, f"anarchon:job{k}") for k in range(n)], seen
+
+
+def test_a_second_burst_runs_on_the_threads_of_the_first() -> None:
+    workers, gate = Workers(idle=30), threading.Event()
+    before = threading.active_count()
+    tasks, seen = _burst(workers, 20, gate)
+    assert all(t.is_alive() for t in tasks)  # type: ignore[attr-defined]
+    gate.set()
+    for t in tasks:
+        t.join(5)  # type: ignore[attr-defined]
+    assert not any(t.is_alive() for t in tasks)  # type: ignore[attr-defined]
+    assert sorted(seen) == sorted(f"anarchon:job{k}" for k in range(20))  # named as the run
+    started = threading.active_count() - before
+    assert started == 20
+    again, _ = _burst(workers, 20, gate)
+    for t in again:
+        t.join(5)  # type: ignore[attr-defined]
+    assert threading.active_count() - before == 20  # no thread started for the second burst
+
+
+def test_idle_threads_end_and_a_failing_target_does_not_stop_its_thread() -> None:
+    workers, gate = Workers(idle=0.3), threading.Event()
+    gate.set()
+    before = threading.active_count()
+
+    def fails() -> None:
+        raise RuntimeError("a handler's own error")
+
+    workers.spawn(fails, "anarchon:fails").join(5)
+    ran = threading.Event()
+    workers.spawn(ran.set, "anarchon:after").join(5)
+    assert ran.is_set()
+    deadline = time.monotonic() + 5
+    while threading.active_count() > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert threading.active_count() == before
+    # And after they ended, a new target gets a new thread.
+    ran.clear()
+    workers.spawn(ran.set, "anarchon:later").join(5)
+    assert ran.is_set()
