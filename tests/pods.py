@@ -117,6 +117,15 @@ class Pods:
     def log(self, name: str) -> str:
         return (self.tmp_path / f"{name}.log").read_text()
 
+    def mentions(self, *needles: str) -> list[str]:
+        """The lines of every pod's log that hold one of ``needles``, each after its pod's name."""
+        return [
+            f"{path.stem}: {line}"
+            for path in sorted(self.tmp_path.glob("*.log"))
+            for line in path.read_text(errors="replace").splitlines()
+            if any(needle in line for needle in needles)
+        ]
+
     def pod_of(self, instance: str) -> str:
         """The pod whose process is ``instance`` (``host:pid:...``)."""
         group = os.getpgid(int(instance.split(":")[1]))
@@ -148,13 +157,22 @@ def fleets(cls: type[P], tmp_path: Path) -> Iterator[Callable[..., P]]:
         pods.stop_all()
 
 
-def assert_each_second_once(starts: list[Line], last: float) -> None:
-    """From the first slot run (the fleet is up) to ``last``: every second once."""
+def assert_each_second_once(starts: list[Line], last: float, pods: Pods | None = None) -> None:
+    """From the first slot run (the fleet is up) to ``last``: every second once.
+
+    A failure names the slots missed or run twice, with what ``pods`` logged
+    about them.
+    """
     first = min(slot_seconds(x["slot_id"]) for x in starts)
     counts = per_slot([x for x in starts if slot_seconds(x["slot_id"]) <= last])
     expected = {int(first) + k for k in range(int(last) - int(first) + 1)}
-    assert {int(slot_seconds(s)) for s in counts} == expected, "a slot was missed"
-    assert {s: n for s, n in counts.items() if n > 1} == {}, "a slot ran twice"
+    missed = sorted(expected - {int(slot_seconds(s)) for s in counts})
+    job = starts[0]["job"]
+    told = pods.mentions(*(f"{job}@{s * 1000}" for s in missed)) if pods and missed else []
+    assert missed == [], f"slots missed: {missed}; logged about them: {told}"
+    twice = {s: n for s, n in counts.items() if n > 1}
+    told = pods.mentions(*twice) if pods and twice else []
+    assert twice == {}, f"slots run twice: {twice}; logged about them: {told}"
 
 
 #: A claim of slot S is sent by S + 1 s, plus a margin for a loaded machine.

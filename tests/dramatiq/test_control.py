@@ -111,7 +111,7 @@ def test_a_schedule_stored_at_run_time_is_sent_once_per_slot_paused_run_now_chan
     pods.wait_for(lambda ls: len(per_slot(runs(pods))) >= 6, 30, "six slots")
     time.sleep(2)  # a second send of these slots would have run by now
     first = runs(pods)
-    assert_each_second_once(first, time.time() - 2)
+    assert_each_second_once(first, time.time() - 2, pods)
     assert len(per_slot(first)) >= 6
     assert min(slot_seconds(x["slot_id"]) for x in first) <= added_at + FOLLOW + 1
     assert [(x["args"], x["kwargs"]) for x in first] == [(ARGS, KWARGS)] * len(first)

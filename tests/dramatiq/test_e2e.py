@@ -52,7 +52,7 @@ def test_three_pods_run_every_slot_once(
     time.sleep(max(started + 32, boundary + 3) - time.time())
     pods.stop_all()
     fast = pods.starts("fast")
-    assert_each_second_once(fast, time.time() - 3)
+    assert_each_second_once(fast, time.time() - 3, pods)
     assert len(per_slot(fast)) >= 30
     assert {x["attempt"] for x in fast} == {1}
     assert len({x["pid"] for x in fast}) >= 3, "messages are spread over worker processes"
@@ -152,7 +152,7 @@ def test_dramatiq_anarchon_next_to_plain_workers_sends_each_slot_once(
     time.sleep(12)
     pods.stop_all()
     fast = pods.starts("fast")
-    assert_each_second_once(fast, time.time() - 3)
+    assert_each_second_once(fast, time.time() - 3, pods)
     assert {pods_of(x["sent_by"]) for x in fast} <= {"dqa"}
 
 
