@@ -30,6 +30,7 @@ from anarchon_core import AnarchonError, ConfigurationError, DispatchFailed, Run
 from anarchon_core import Scheduler as Engine
 from anarchon_core.control import Definition
 from anarchon_core.handoff import DEFAULT_PICKUP, HandOff
+from anarchon_core.probes import ProbeServer, serve
 from anarchon_core.scheduler import MAX_SLEEP
 from anarchon_core.urls import redact
 
@@ -82,6 +83,8 @@ class Scheduler(celery_beat.Scheduler):  # type: ignore[misc]
     ) -> None:
         self.engine: Engine | None = None
         self.workers: WorkerCheck | None = None
+        #: The metrics and probes endpoint (``anarchon_metrics_port``), if served.
+        self._probes: ProbeServer | None = None
         self.settings: BeatSettings | None = None
         self._entries: EntryJobs | None = None
         self._lock = threading.RLock()
@@ -152,6 +155,8 @@ class Scheduler(celery_beat.Scheduler):  # type: ignore[misc]
         engine = entries.engine
         if settings.tracking and engine.store.supports_lease:
             self.workers = WorkerCheck(self.app).start()
+        if settings.metrics_port is not None:
+            self._probes = serve(engine, settings.metrics_port, settings.metrics_host)
         self._steps.install_signal_handlers()
         log.info(
             "anarchon: %d entries, store %s, namespace %s, execution tracking %s",
@@ -232,6 +237,9 @@ class Scheduler(celery_beat.Scheduler):  # type: ignore[misc]
     def _teardown(self, hand_over: bool = True) -> None:
         """Stop the engine (handing its slots over), the worker check and the signal hooks."""
         self._steps.restore_signal_handlers()
+        probes, self._probes = self._probes, None
+        if probes is not None:
+            probes.close()
         engine, self.engine = self.engine, None
         workers, self.workers = self.workers, None
         self._entries = None

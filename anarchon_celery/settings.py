@@ -11,6 +11,9 @@ broker is Redis/Valkey or RabbitMQ:
 ``anarchon_tracking``   whether workers track execution (default True, see tracking.py)
 ``anarchon_pickup``     how long a sent task may wait in the queue for a worker
                         (default 300 s); one never picked up is not sent again
+``anarchon_metrics_port``  serve Prometheus metrics, /healthz and /readyz from
+                        beat on this port (default: none served)
+``anarchon_metrics_host``  the address they are served on (default 0.0.0.0)
 
 Beat settings that could not take effect with anarchon are refused rather
 than ignored: a loop interval longer than the engine's longest sleep, and
@@ -90,6 +93,9 @@ class BeatSettings:
     defaults: JobOptions
     pickup: float = DEFAULT_PICKUP
     tracking: bool = True
+    #: Where beat serves its metrics and probes (``anarchon_metrics_port``), if anywhere.
+    metrics_port: int | None = None
+    metrics_host: str = "0.0.0.0"  # noqa: S104 - Prometheus and the kubelet scrape the pod
 
 
 def read_settings(app: Celery, loop_interval: Any = None) -> BeatSettings:
@@ -106,7 +112,16 @@ def read_settings(app: Celery, loop_interval: Any = None) -> BeatSettings:
         jitter=conf.get("anarchon_jitter", DISPATCH_JITTER),
         catch_up=conf.get("anarchon_catch_up"),
     )
-    return BeatSettings(defaults, pickup, bool(conf.get("anarchon_tracking", True)))
+    port = conf.get("anarchon_metrics_port")
+    if port is not None and (
+        not isinstance(port, int) or isinstance(port, bool) or not 0 < port <= 65535
+    ):
+        raise ConfigurationError(f"anarchon_metrics_port={port!r}: expected a TCP port, 1 to 65535")
+    host = conf.get("anarchon_metrics_host", "0.0.0.0")  # noqa: S104 - as above
+    if not isinstance(host, str) or not host:
+        raise ConfigurationError(f"anarchon_metrics_host={host!r}: expected an address")
+    tracking = bool(conf.get("anarchon_tracking", True))
+    return BeatSettings(defaults, pickup, tracking, port, host)
 
 
 def refuse_ineffective(app: Celery, loop_interval: Any = None) -> None:

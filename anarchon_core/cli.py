@@ -21,15 +21,19 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
+import socket
 import sys
+import time
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from typing import Any, TextIO, TypeVar
 
 from .control import OPTIONS, Control, Definition, JobPaused, UnknownJob
+from .durations import parse_duration
 from .errors import AnarchonError, ConfigurationError, Conflict, StoreUnavailable
 from .schedules import from_ms
-from .store import HISTORY, RunState, Store
+from .store import HELD_STATES, HISTORY, JobState, RunState, Store
 from .urls import open_store, redact, scrub, secrets_in
 
 T = TypeVar("T")
@@ -65,12 +69,30 @@ def status(store: Store, out: TextIO) -> int:
             lease = f"{state.lease_remaining:.1f}s" if state.lease_remaining > 0 else "lapsed"
         row = (name, slot, state.owner, str(state.attempt), state.state.value, lease)
         rows.append(row)
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    for row in rows:
-        print(
-            "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip(), file=out
-        )
+    _table(rows, out)
+    if store.keeps_registry:
+        instances(store, states, out)
     return len(rows) - 1
+
+
+def instances(store: Store, states: dict[str, JobState], out: TextIO) -> None:
+    """Print the live instances of the store's registry, and the runs each holds."""
+    live = sorted(store.instances(), key=lambda r: r.instance)
+    holds: dict[str, list[str]] = {}
+    for name, state in states.items():
+        if state.state in HELD_STATES and state.lease_remaining > 0:
+            holds.setdefault(state.owner, []).append(name)
+    print(f"\n{len(live)} live instance(s)", file=out)
+    if not live:
+        return
+    rows: list[Sequence[str]] = [("instance", "host", "pid", "version", "jobs", "seen", "holds")]
+    for r in live:
+        info = r.info
+        row = (r.instance, str(info.get("host", "-")), str(info.get("pid", "-")),
+               str(info.get("version", "-")), str(info.get("jobs", "-")), f"{r.age:.1f}s ago",
+               ", ".join(sorted(holds.get(r.instance, []))) or "-")  # fmt: skip
+        rows.append(row)
+    _table(rows, out)
 
 
 def _opened(open_it: Callable[[], T], url: str, err: TextIO, prog: str) -> T | int:
@@ -444,6 +466,40 @@ def main(argv: list[str] | None = None) -> int:
     )
     show.add_argument("--store", required=True, help="store URL, e.g. sqlite:///jobs.db")
     show.add_argument("--namespace", default="default")
+    probe = commands.add_parser(
+        "check",
+        help="health probe: the store answers, this host's instance steps, jobs succeed",
+        description="Exit status: 0 every check passed, 1 a check failed (the store does not"
+        " answer, no instance of this host recorded itself lately, a job overdue), 2 bad"
+        " arguments or URL.",
+    )
+    probe.add_argument("--store", required=True, help="store URL, e.g. redis://host")
+    probe.add_argument("--namespace", default="default")
+    probe.add_argument("--job", action="append", default=[], metavar="NAME",
+                       help="a job whose last success must be recent (repeatable)")  # fmt: skip
+    probe.add_argument(
+        "--max-late",
+        type=_duration_argument("--max-late"),
+        metavar="DURATION",
+        help="how old a job's last success may be (default: twice its interval)",
+    )
+    who = probe.add_mutually_exclusive_group()
+    who.add_argument("--instance", help="the instance to look for (default: any on this host)")
+    who.add_argument(
+        "--no-loop", action="store_true", help="skip the loop check (a probe off the pods)"
+    )
+    board = commands.add_parser(
+        "dashboard",
+        help="serve a live dashboard of a namespace (read-only without an action token)",
+        description="Serves the dashboard until interrupted. Actions (pause, resume, run now)"
+        " need a token of 16 characters or more, read from the ANARCHON_DASHBOARD_TOKEN"
+        " environment variable or --token-file, never from the command line.",
+    )
+    board.add_argument("--store", required=True, help="store URL, e.g. redis://host")
+    board.add_argument("--namespace", default="default")
+    board.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    board.add_argument("--port", type=int, default=8787, help="port (default 8787)")
+    board.add_argument("--token-file", help="a file holding the action token")
     add_control_verbs(commands, store_option=True)
     args = parser.parse_args(argv)
     if getattr(args, "verb", None):
@@ -465,7 +521,89 @@ def main(argv: list[str] | None = None) -> int:
             duration=args.duration,
             out=sys.stdout,
         )
+    if args.command == "check":
+        return run_check(args, sys.stdout, sys.stderr)
+    if args.command == "dashboard":
+        return run_dashboard(args, sys.stderr)
     return run_status(args.store, args.namespace, sys.stdout, sys.stderr, prog="anarchon")
+
+
+def _duration_argument(name: str) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            return parse_duration(name, text)
+        except ConfigurationError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
+
+
+def run_check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """``anarchon check``: print each finding; 0 all passed, 1 one failed, 2 bad usage."""
+    from .check import check
+
+    store = _opened(lambda: open_store(args.store, namespace=args.namespace), args.store, err,
+                    "anarchon check")  # fmt: skip
+    if isinstance(store, int):
+        return EXIT_CONFIG if store == EXIT_CONFIG else EXIT_EMPTY
+    host = None if args.no_loop or args.instance else socket.gethostname()
+    try:
+        findings = check(
+            store,
+            time.time(),
+            host=host,
+            instance=args.instance,
+            jobs=tuple(args.job),
+            max_late=args.max_late,
+        )
+    except Exception as exc:  # the store does not answer (or answered an error)
+        said = str(exc) or type(exc).__name__
+        for secret in secrets_in(args.store):
+            said = scrub(said, secret)
+        print(f"FAIL  store: {redact(args.store)}: {said}", file=out)
+        return EXIT_EMPTY
+    finally:
+        with contextlib.suppress(Exception):
+            store.close()
+    for finding in findings:
+        print(finding, file=out)
+    return EXIT_OK if all(f.ok for f in findings) else EXIT_EMPTY
+
+
+def run_dashboard(args: argparse.Namespace, err: TextIO) -> int:
+    """``anarchon dashboard``: serve until interrupted; 2 for bad arguments."""
+    from .dashboard import Dashboard, serve
+
+    token = os.environ.get("ANARCHON_DASHBOARD_TOKEN") or None
+    if args.token_file:
+        try:
+            with open(args.token_file, encoding="utf-8") as handle:
+                token = handle.read().strip() or None
+        except OSError as exc:
+            print(f"anarchon dashboard: --token-file: {exc.strerror}", file=err)
+            return EXIT_CONFIG
+    app = _opened(
+        lambda: Dashboard(args.store, namespace=args.namespace, action_token=token),
+        args.store,
+        err,
+        "anarchon dashboard",
+    )
+    if isinstance(app, int):
+        return app
+    mode = "actions on" if token else "read-only"
+    print(f"anarchon dashboard: http://{args.host}:{args.port}/ ({mode})", file=err, flush=True)
+    try:
+        serve(app, args.host, args.port)
+    except OSError as exc:
+        print(f"anarchon dashboard: cannot serve on {args.host}:{args.port}: {exc.strerror}",
+              file=err)  # fmt: skip
+        return EXIT_CONFIG
+    except AnarchonError as exc:
+        print(f"anarchon dashboard: {exc}", file=err)
+        return EXIT_CONFIG
+    finally:
+        app.close()
+    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -94,6 +94,18 @@ class Event:
     detail: str = ""
 
 
+@dataclass(frozen=True)
+class Health:
+    """What a probe reports of one scheduler (:meth:`~anarchon_core.Scheduler.health`)."""
+
+    #: The scheduling loop steps (a liveness probe).
+    live: bool
+    #: Live, and the store answered the last step (a readiness probe).
+    ready: bool
+    #: Why, in a few words.
+    detail: str
+
+
 class Emitter:
     """Reports the events of one instance: counts them, logs them, calls the listeners.
 

@@ -277,6 +277,12 @@ class Run:
     def lost_reason(self) -> str:
         return self._reason
 
+    def lease_left(self) -> float | None:
+        """Seconds this instance still holds the run for sure; None if unknown or lost."""
+        if self._monotonic is None or self._valid_until == float("inf") or self.lost:
+            return None
+        return max(0.0, self._valid_until - self._monotonic())
+
     def check(self) -> None:
         """Raise :class:`LeaseLost` if this instance no longer holds the run."""
         if self.lost:

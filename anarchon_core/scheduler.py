@@ -59,7 +59,7 @@ from .errors import (
     LeaseLost,
     StoreUnavailable,
 )
-from .events import Emitter, Event, EventKind
+from .events import Emitter, Event, EventKind, Health
 from .jobs import Job, JobOptions, Run, check_name
 from .peers import ANNOUNCE_EVERY, ANNOUNCE_TTL, Peers
 from .roles import ENDED, Backup, Completion, JobRuntime, Runner, Verdict
@@ -85,6 +85,8 @@ MANUAL_KEPT = 50
 BACKOFF_MIN, BACKOFF_MAX = 0.1, 2.0
 #: The longest the loop sleeps, so that wall-clock jumps are noticed.
 MAX_SLEEP = 1.0
+#: A loop with no step begun for this long is not live (:meth:`Scheduler.health`).
+LOOP_STALL = 30.0
 #: The longest :meth:`Scheduler.stop` waits for the hand-over to reach the store.
 HANDOVER_WAIT = 10.0
 #: How often :meth:`Scheduler.run_forever` looks whether a stop signal came.
@@ -209,6 +211,10 @@ class Scheduler:
         #: The thread inside :meth:`run_pending`, and whether a stop waits for its end.
         self._stepping: int | None = None
         self._stop_after_step = False
+        #: When the last step began, and when the last step that reached the store ended
+        #: (monotonic), for :meth:`health`.
+        self._step_began: float | None = None
+        self._step_ok_at: float | None = None
 
     # -- declaring jobs -------------------------------------------------
 
@@ -331,6 +337,40 @@ class Scheduler:
         """The runs this instance currently holds."""
         with self._lock:
             return [rt.runner.run for rt in list(self._agenda.held.values()) if rt.runner]
+
+    def health(self, stall: float = LOOP_STALL) -> Health:
+        """Whether the scheduling loop is alive, and whether the store answered its last step.
+
+        Live: a step began within ``stall`` seconds (the loop steps at least
+        every :data:`MAX_SLEEP`; a step blocked in a store call, or a loop
+        that died, stops that). Ready: live, and the last step reached the
+        store (not backing off after an error). See :mod:`anarchon_core.probes`.
+        """
+        now = self._clock.monotonic()
+        began, ok_at = self._step_began, self._step_ok_at
+        if began is None:
+            return Health(False, False, "the scheduling loop has not started")
+        if now - began > stall:
+            return Health(False, False, f"no scheduling step for {now - began:.1f}s")
+        if self._backoff or ok_at is None:
+            return Health(True, False, "the store does not answer")
+        return Health(True, True, f"last step {now - ok_at:.1f}s ago")
+
+    def upcoming(self) -> dict[str, tuple[float | None, float | None]]:
+        """Per job declared here: its next slot's time (epoch seconds) and, for a run
+        this instance holds, the seconds of lease it surely has left."""
+        with self._lock:
+            runtimes = [rt for rt in self._runtimes.values() if not rt.removed]
+        shown_jobs: dict[str, tuple[float | None, float | None]] = {}
+        for rt in runtimes:
+            name = rt.job.name
+            if name.endswith(BACKFILL):
+                continue
+            runner = rt.runner
+            left = runner.run.lease_left() if runner is not None else None
+            nxt = rt.next_slot.ms / 1000 if rt.next_slot is not None else None
+            shown_jobs[name] = (nxt, left)
+        return shown_jobs
 
     # -- runtime control (shared by every instance, through the store) ---
 
@@ -498,7 +538,7 @@ class Scheduler:
                     self.store.close()
 
     def _step(self) -> float:
-        now_mono = self._clock.monotonic()
+        now_mono = self._step_began = self._clock.monotonic()
         if now_mono < self._retry_at:
             self._report_lost()
             return self._retry_at - now_mono
@@ -537,6 +577,7 @@ class Scheduler:
         if self._backoff:
             self._backoff = 0.0
             self._emit(EventKind.STORE_RECOVERED)
+        self._step_ok_at = self._clock.monotonic()
         return self._next_delay()
 
     def _store_failed(self, exc: Exception) -> None:

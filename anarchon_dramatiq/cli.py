@@ -32,6 +32,7 @@ from anarchon_core.cli import (
     check_control_args,
     run_control,
 )
+from anarchon_core.probes import serve
 from anarchon_core.urls import redact
 
 from .middleware import Anarchon
@@ -71,6 +72,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("broker", help="the broker: package.module or package.module:name")
     parser.add_argument("modules", nargs="*", help="modules declaring actors")
     parser.add_argument("--verbose", "-v", action="count", default=0)
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve Prometheus metrics, /healthz and /readyz on this port"
+        " (default: the middleware's metrics_port, else none)",
+    )
+    parser.add_argument("--metrics-host", default=None, help="their address (default 0.0.0.0)")
     args = parser.parse_args(argv)
     level = logging.DEBUG if args.verbose > 1 else logging.INFO if args.verbose else logging.WARNING
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -89,6 +98,9 @@ def main(argv: list[str] | None = None) -> None:
                 " them?); following the schedules stored at run time only"
             )
         engine = middleware.build_engine(broker, f"{socket.gethostname()}:{os.getpid()}:dqa")
+        port = args.metrics_port if args.metrics_port is not None else middleware.metrics_port
+        if port is not None:
+            serve(engine, port, args.metrics_host or middleware.metrics_host)
     except AnarchonError as exc:
         parser.exit(2, f"dramatiq-anarchon: {exc}\n")
     logging.getLogger(__name__).info(

@@ -34,7 +34,14 @@ from dramatiq import Actor, Broker, Middleware, Worker
 from dramatiq.errors import ActorNotFound
 from dramatiq.middleware import Retries, SkipMessage
 
-from anarchon_core import AnarchonError, DispatchFailed, JobOptions, Run, RunState
+from anarchon_core import (
+    AnarchonError,
+    ConfigurationError,
+    DispatchFailed,
+    JobOptions,
+    Run,
+    RunState,
+)
 from anarchon_core import Scheduler as Engine
 from anarchon_core.control import Definition
 from anarchon_core.durations import Duration, parse_duration
@@ -47,6 +54,8 @@ from anarchon_core.handoff import (
     tracked_ticket,
 )
 from anarchon_core.jobs import DISPATCH_JITTER
+from anarchon_core.metrics import Metrics
+from anarchon_core.probes import ProbeServer, serve
 from anarchon_core.urls import check_namespace, redact
 
 from .broker_store import broker_store_url
@@ -87,7 +96,11 @@ class Anarchon(Middleware):
     :class:`anarchon_core.JobOptions`). ``pickup``: how long a sent message may
     wait in the queue (must exceed every lease by more than a second).
     ``scheduler=False``: only track execution; the scheduler runs elsewhere
-    (``dramatiq-anarchon``).
+    (``dramatiq-anarchon``). ``metrics_port``: serve Prometheus metrics,
+    ``/healthz`` and ``/readyz`` from the process that runs the scheduler, on
+    ``metrics_host`` (default every interface). With Dramatiq's own
+    ``Prometheus`` middleware on the broker, anarchon's counters and
+    histograms also appear on its exposition server (port 9191 by default).
     """
 
     def __init__(
@@ -100,7 +113,18 @@ class Anarchon(Middleware):
         catch_up: Duration | None = None,
         pickup: Duration = DEFAULT_PICKUP,
         scheduler: bool = True,
+        metrics_port: int | None = None,
+        metrics_host: str = "0.0.0.0",  # noqa: S104 - Prometheus and the kubelet scrape the pod
     ) -> None:
+        if metrics_port is not None and (
+            not isinstance(metrics_port, int)
+            or isinstance(metrics_port, bool)
+            or not 0 < metrics_port <= 65535
+        ):
+            raise ConfigurationError(f"metrics_port={metrics_port!r}: expected a TCP port")
+        self.metrics_port = metrics_port
+        self.metrics_host = metrics_host
+        self._probes: ProbeServer | None = None
         self.namespace = check_namespace(namespace or "dramatiq")
         if jitter is None:
             jitter = DISPATCH_JITTER
@@ -252,6 +276,10 @@ class Anarchon(Middleware):
                 return
             self.engine = engine
             engine.start()
+            try:
+                self._serve_metrics(self._broker, engine)
+            except AnarchonError as exc:  # the scheduler goes on without them
+                log.error("anarchon: cannot serve metrics: %s", exc)
         log.info(
             "anarchon: scheduler running in process %d: %d periodic actors, store %s, namespace %s",
             os.getpid(),
@@ -260,9 +288,20 @@ class Anarchon(Middleware):
             self.namespace,
         )
 
+    def _serve_metrics(self, broker: Broker, engine: Engine) -> None:
+        """Serve metrics and probes on ``metrics_port``; count into Dramatiq's Prometheus
+        exposition when its middleware is on the broker (its multiprocess files)."""
+        if self.metrics_port is not None:
+            self._probes = serve(engine, self.metrics_port, self.metrics_host)
+        elif any(type(m).__name__ == "Prometheus" for m in broker.middleware):
+            Metrics(engine)
+
     def before_worker_shutdown(self, broker: Broker, worker: Worker) -> None:
         """Hand the held slots over to another instance and let another process lock."""
         self._stop.set()
+        probes, self._probes = self._probes, None
+        if probes is not None:
+            probes.close()
         with self._lock:
             engine, self.engine = self.engine, None
         if engine is not None:

@@ -247,3 +247,43 @@ def pause_resume_and_run_now(
     assert missing <= {int(manual_at) + 1}, sorted(missing)
     assert len([x for x in runs() if x["slot_id"] == slot_id]) == 1
     return slot_id
+
+
+def scraped(port: int) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """The samples of the ``/metrics`` served on ``port``, by name and label set."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+        text = answer.read().decode()
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def metrics_and_probes_served(pods: Pods, port: int, job: str) -> None:
+    """The pods' scheduler serves, on ``port``: /healthz and /readyz 200, and /metrics
+    whose won and dispatched counters of ``job`` match the runs its workers started."""
+    import urllib.request
+
+    labels = frozenset({"namespace": pods.namespace, "job": job}.items())
+
+    def counted() -> dict[tuple[str, frozenset[tuple[str, str]]], float] | None:
+        try:
+            samples = scraped(port)
+        except OSError:  # not served yet: the scheduler starts after the workers boot
+            return None
+        return samples if samples.get(("anarchon_slots_dispatched_total", labels), 0) >= 3 else None
+
+    samples = pods.wait_for(lambda ls: counted(), 60, f"3 slots of {job} counted on :{port}")
+    runs = len(per_slot(pods.starts(job)))
+    won = samples[("anarchon_slots_won_total", labels)]
+    assert 3 <= won <= runs + 2, (won, runs)
+    assert samples[("anarchon_up", frozenset({"namespace": pods.namespace}.items()))] == 1.0
+    assert ("anarchon_next_slot_timestamp_seconds", labels) in samples
+    for path in ("/healthz", "/readyz"):
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as answer:
+            assert answer.status == 200, path

@@ -73,6 +73,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--skew", type=float, default=0.0, help="shift this instance's wall clock (seconds)"
     )
+    parser.add_argument(
+        "--metrics-port", type=int, default=None, help="serve metrics and probes (0: any port)"
+    )
     return parser.parse_args(argv)
 
 
@@ -110,7 +113,12 @@ def main(argv: list[str] | None = None) -> None:
         if args.anchor is not None:
             anchor = datetime.fromtimestamp(args.anchor, timezone.utc)
         scheduler.add_job(work, name=args.job, every=args.every, anchor=anchor)
-    report.write("up", pid=os.getpid())
+    probes = None
+    if args.metrics_port is not None:
+        from ..probes import serve
+
+        probes = serve(scheduler, args.metrics_port, "127.0.0.1")
+    report.write("up", pid=os.getpid(), metrics_port=probes.port if probes else None)
     scheduler.run_forever()
     report.write("down", pid=os.getpid())
 

@@ -35,6 +35,10 @@ app.conf.update(
     anarchon_store=os.environ.get("E2E_STORE") or None,
     anarchon_namespace=os.environ["E2E_NAMESPACE"],
     anarchon_lease=float(os.environ.get("E2E_LEASE", "3")),
+    anarchon_metrics_port=int(os.environ["E2E_METRICS_PORT"])
+    if os.environ.get("E2E_METRICS_PORT")
+    else None,
+    anarchon_metrics_host="127.0.0.1",
     beat_schedule={
         name: {
             "task": spec.get("task", "e2e.work"),

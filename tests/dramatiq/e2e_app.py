@@ -31,12 +31,20 @@ if os.environ["E2E_BROKER"].startswith("amqp"):
 else:
     broker = RedisBroker(url=os.environ["E2E_BROKER"])
 broker.add_middleware(CurrentMessage())
+if os.environ.get("dramatiq_prom_port"):  # noqa: SIM112 - the name Dramatiq reads
+    from dramatiq.middleware.prometheus import Prometheus
+
+    broker.add_middleware(Prometheus())
 broker.add_middleware(
     Anarchon(
         store=os.environ.get("E2E_STORE") or None,
         namespace=NAMESPACE,
         lease=float(os.environ.get("E2E_LEASE", "3")),
         scheduler=os.environ.get("E2E_SCHEDULER", "1") != "0",
+        metrics_port=int(os.environ["E2E_METRICS_PORT"])
+        if os.environ.get("E2E_METRICS_PORT")
+        else None,
+        metrics_host="127.0.0.1",
     )
 )
 dramatiq.set_broker(broker)
