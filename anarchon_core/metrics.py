@@ -69,6 +69,8 @@ COUNTERS: tuple[tuple[str, str, tuple[EventKind, ...]], ...] = (
         (EventKind.FINISHED,),
     ),
 )
+#: Kinds that tell of one lost run (both may come for the same run).
+_LOSSES = (EventKind.LOST, EventKind.FINISH_REFUSED)
 #: Kinds that start a run here: lateness is measured from the slot's time.
 _STARTS = (EventKind.WON, EventKind.CATCH_UP, EventKind.MANUAL, EventKind.TAKEOVER)
 #: Kinds that end a run started here: its duration is measured.
@@ -133,6 +135,8 @@ class Metrics:
         )
         self.registry.register(_Gauges(self))
         self._started: dict[tuple[str, int], float] = {}
+        #: Runs counted as lost, oldest first (a bounded memory of them).
+        self._lost: dict[tuple[str, int], None] = {}
         self._lock = threading.Lock()
         scheduler.add_listener(self.on_event)
 
@@ -141,13 +145,20 @@ class Metrics:
         job = event.job
         if job is None:
             return
+        key = (event.slot_id or "", event.attempt or 0)
+        if event.kind in _LOSSES:
+            with self._lock:
+                if key in self._lost:  # a lost run whose finish was then refused: once
+                    return
+                self._lost[key] = None
+                if len(self._lost) > 10_000:
+                    self._lost.pop(next(iter(self._lost)))
         counter = self._counters.get(event.kind)
         if counter is not None:
             counter.labels(self._ns, job).inc()
         if event.slot_id is None or event.attempt is None:
             return
         now = self.scheduler._clock.time()
-        key = (event.slot_id, event.attempt)
         if event.kind in _STARTS:
             slot_time = Slot.from_id(event.slot_id).ms / 1000
             self.lateness.labels(self._ns, job).observe(max(0.0, now - slot_time))

@@ -543,6 +543,10 @@ class Scheduler:
             self._report_lost()
             return self._retry_at - now_mono
         try:
+            if self._backoff:
+                # The store must answer before it counts as back: a step that happens
+                # to need no store call would otherwise end the outage on its own.
+                self.store.ping()
             # Runs whose handler returned since the last step are finished first: the
             # claim of their job's next slot would otherwise find their lease live and
             # skip that slot as an overlap (and renewing them would be wasted).

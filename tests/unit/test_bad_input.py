@@ -313,3 +313,52 @@ def test_status_exit_codes_tell_the_cases_apart(
     err = capsys.readouterr().err
     assert "cannot reach the store redis://:***@127.0.0.1:" in err
     assert "s3cr3t" not in err
+
+
+# -- 7. metrics ports ------------------------------------------------------------
+
+BAD_METRICS_PORTS = ["9100", 0, 70000, True, -1, 9100.0]
+
+
+@pytest.mark.parametrize("port", BAD_METRICS_PORTS)
+def test_celery_refuses_a_metrics_port_that_is_no_tcp_port(port: object) -> None:
+    from celery import Celery
+
+    from anarchon_celery.settings import read_settings
+
+    app = Celery("metrics", broker="memory://")
+    app.conf.anarchon_metrics_port = port
+    with pytest.raises(ConfigurationError, match=r"^anarchon_metrics_port=.*expected a TCP port"):
+        read_settings(app)
+
+
+def test_celery_reads_its_metrics_port_and_host() -> None:
+    from celery import Celery
+
+    from anarchon_celery.settings import read_settings
+
+    app = Celery("metrics", broker="memory://")
+    assert read_settings(app).metrics_port is None  # none served by default
+    app.conf.anarchon_metrics_port = 9100
+    app.conf.anarchon_metrics_host = "127.0.0.1"
+    settings = read_settings(app)
+    assert (settings.metrics_port, settings.metrics_host) == (9100, "127.0.0.1")
+    app.conf.anarchon_metrics_host = ""
+    with pytest.raises(ConfigurationError, match="anarchon_metrics_host=''"):
+        read_settings(app)
+
+
+@pytest.mark.parametrize("port", BAD_METRICS_PORTS)
+def test_dramatiq_refuses_a_metrics_port_that_is_no_tcp_port(port: object) -> None:
+    from anarchon_dramatiq import Anarchon
+
+    with pytest.raises(ConfigurationError, match=r"^metrics_port=.*expected a TCP port"):
+        Anarchon(store="memory://", metrics_port=port)  # type: ignore[arg-type]
+
+
+def test_dramatiq_keeps_a_good_metrics_port() -> None:
+    from anarchon_dramatiq import Anarchon
+
+    middleware = Anarchon(store="memory://", metrics_port=9100, metrics_host="127.0.0.1")
+    assert (middleware.metrics_port, middleware.metrics_host) == (9100, "127.0.0.1")
+    assert Anarchon(store="memory://").metrics_port is None

@@ -1,0 +1,234 @@
+"""The probe endpoint (anarchon_core.probes.serve), asked over real HTTP as a kubelet and
+Prometheus ask it.
+
+The scheduler is a real one, stepped by hand on a fake clock (so that "no
+step for longer than the stall" takes no real time); the store is a memory
+store, or a Redis URL on a port nothing listens on for a store that really fails.
+"""
+
+from __future__ import annotations
+
+import socket
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from anarchon_core import ConfigurationError, FakeClock, Scheduler
+from anarchon_core.metrics import Metrics
+from anarchon_core.probes import ProbeServer, serve
+from anarchon_core.scheduler import LOOP_STALL
+from anarchon_core.stores.memory import MemoryStore
+from tests.servers import free_port
+
+START = 1_699_999_200.0
+
+
+@dataclass
+class Answer:
+    status: int
+    body: str
+    content_type: str
+
+
+def ask(port: int, path: str, method: str = "GET") -> Answer:
+    """``method path`` on the endpoint, over HTTP; any status is an answer."""
+    data = b"x" if method == "POST" else None
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return Answer(
+                response.status, response.read().decode(), response.headers["Content-Type"]
+            )
+    except urllib.error.HTTPError as error:
+        with error:
+            return Answer(error.code, error.read().decode(), error.headers["Content-Type"])
+
+
+@dataclass
+class Served:
+    scheduler: Scheduler
+    clock: FakeClock
+    server: ProbeServer
+
+    def step(self) -> None:
+        self.scheduler.run_pending()
+        self.clock.settle()
+
+    def ask(self, path: str, method: str = "GET") -> Answer:
+        return ask(self.server.port, path, method)
+
+
+def _scheduler(clock: FakeClock, store: MemoryStore | str) -> Scheduler:
+    scheduler = Scheduler(store, instance="probed", clock=clock, jitter=0)
+    scheduler.add_job(lambda: None, name="job", every=10)
+    return scheduler
+
+
+@pytest.fixture
+def served() -> Iterator[Served]:
+    clock = FakeClock(START)
+    scheduler = _scheduler(clock, MemoryStore(clock=clock))
+    server = serve(scheduler, 0, "127.0.0.1")
+    try:
+        yield Served(scheduler, clock, server)
+    finally:
+        server.close()
+
+
+def test_probes_fail_before_the_first_step_and_pass_after_it(served: Served) -> None:
+    assert served.server.port > 0  # port 0: a free one was picked
+    for path in ("/healthz", "/readyz"):
+        answer = served.ask(path)
+        assert answer.status == 503, path
+        assert answer.body == "failing: the scheduling loop has not started\n"
+        assert answer.content_type.startswith("text/plain")
+    served.step()
+    for path in ("/healthz", "/readyz"):
+        answer = served.ask(path)
+        assert answer.status == 200, path
+        assert answer.body.startswith("ok: last step 0.0s ago"), answer.body
+
+
+def test_healthz_fails_once_no_step_began_for_longer_than_the_stall(served: Served) -> None:
+    served.step()
+    served.clock.advance(LOOP_STALL - 1)  # a quiet loop, but within the bound
+    assert served.ask("/healthz").status == 200
+    served.clock.advance(2)  # the loop is stuck: no step for LOOP_STALL + 1 s
+    live = served.ask("/healthz")
+    assert live.status == 503
+    assert live.body == f"failing: no scheduling step for {LOOP_STALL + 1:.1f}s\n"
+    assert served.ask("/readyz").status == 503  # not live, so not ready either
+    served.step()  # the loop steps again
+    assert served.ask("/healthz").status == 200
+    assert served.ask("/readyz").status == 200
+
+
+def test_readyz_fails_while_the_store_does_not_answer_and_healthz_passes() -> None:
+    clock = FakeClock(START)
+    closed = f"redis://127.0.0.1:{free_port()}/0?socket_connect_timeout=1&socket_timeout=1"
+    scheduler = _scheduler(clock, closed)
+    server = serve(scheduler, 0, "127.0.0.1")
+    try:
+        for attempt in range(3):  # each step fails against the closed port, and backs off
+            scheduler.run_pending()
+            ready = ask(server.port, "/readyz")
+            assert ready.status == 503, attempt
+            assert ready.body == "failing: the store does not answer\n"
+            # The loop itself steps: alive, so the kubelet must not restart it.
+            assert ask(server.port, "/healthz").status == 200
+            clock.advance(3)  # past the longest back-off
+        metrics = ask(server.port, "/metrics")
+        assert metrics.status == 200
+        assert 'anarchon_up{namespace="default"} 0.0' in metrics.body.splitlines()
+    finally:
+        server.close()
+        scheduler.stop(timeout=0)
+
+
+def test_metrics_are_served_in_prometheus_text_format(served: Served) -> None:
+    served.clock.advance(9.5)
+    served.step()
+    served.clock.advance(0.5)  # slot 10 comes
+    served.step()
+    served.step()  # its handler returned: finished
+    answer = served.ask("/metrics")
+    assert answer.status == 200
+    assert answer.content_type.startswith("text/plain; version=")
+    lines = answer.body.splitlines()
+    assert 'anarchon_slots_won_total{job="job",namespace="default"} 1.0' in lines
+    assert 'anarchon_runs_finished_total{job="job",namespace="default"} 1.0' in lines
+    assert 'anarchon_claim_lateness_seconds_count{job="job",namespace="default"} 1.0' in lines
+    samples = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(answer.body)
+        for sample in family.samples
+    }
+    job = (("job", "job"), ("namespace", "default"))
+    assert samples[("anarchon_next_slot_timestamp_seconds", job)] == START + 20
+    assert 'anarchon_up{namespace="default"} 1.0' in lines
+    assert "# TYPE anarchon_slots_won_total counter" in lines
+    assert "# TYPE anarchon_run_duration_seconds histogram" in lines
+
+
+def test_other_paths_are_not_found_and_only_get_is_answered(served: Served) -> None:
+    served.step()
+    for path in ("/", "/metricsx", "/healthz/more", "/HEALTHZ", "/favicon.ico"):
+        answer = served.ask(path)
+        assert answer.status == 404, path
+        assert answer.body == "not found\n"
+    assert served.ask("/readyz?verbose=1").status == 200  # a query is not part of the path
+    for path in ("/healthz", "/readyz", "/metrics"):
+        answer = served.ask(path, method="POST")
+        assert answer.status == 405, path
+        assert answer.body == "GET only\n"
+        assert served.ask(path, method="DELETE").status == 405
+
+
+def test_without_metrics_only_the_probes_are_served() -> None:
+    clock = FakeClock(START)
+    scheduler = _scheduler(clock, MemoryStore(clock=clock))
+    server = serve(scheduler, 0, "127.0.0.1", metrics=False)
+    try:
+        scheduler.run_pending()
+        assert ask(server.port, "/metrics").status == 404
+        assert ask(server.port, "/healthz").status == 200
+        assert ask(server.port, "/readyz").status == 200
+    finally:
+        server.close()
+
+
+def test_metrics_of_ones_own_are_the_ones_served() -> None:
+    clock = FakeClock(START)
+    scheduler = _scheduler(clock, MemoryStore(clock=clock, namespace="billing"))
+    mine = Metrics(scheduler)
+    server = serve(scheduler, 0, "127.0.0.1", metrics=mine)
+    try:
+        scheduler.run_pending()
+        body = ask(server.port, "/metrics").body
+        assert 'anarchon_up{namespace="billing"} 1.0' in body.splitlines()
+        # The same registry the caller holds: served, not a copy of another.
+        assert mine.registry.get_sample_value("anarchon_up", {"namespace": "billing"}) == 1
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("port", [-1, 65536, "9100", 9100.0, True, None])
+def test_a_bad_port_is_refused(port: object) -> None:
+    clock = FakeClock(START)
+    scheduler = _scheduler(clock, MemoryStore(clock=clock))
+    with pytest.raises(ConfigurationError, match=r"port=.*expected a TCP port, 0 to 65535"):
+        serve(scheduler, port, "127.0.0.1")  # type: ignore[arg-type]
+
+
+def test_a_port_in_use_is_refused_naming_host_and_port(served: Served) -> None:
+    taken = served.server.port
+    with pytest.raises(ConfigurationError, match=rf"cannot serve probes on 127\.0\.0\.1:{taken}: "):
+        serve(served.scheduler, taken, "127.0.0.1")
+    with socket.socket() as other:  # a port another program listens on
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        with pytest.raises(ConfigurationError, match=rf"127\.0\.0\.1:{port}: .*in use"):
+            serve(served.scheduler, port, "127.0.0.1")
+    assert served.ask("/healthz").status == 503  # the first server still answers
+
+
+def test_close_stops_serving_and_frees_the_port() -> None:
+    clock = FakeClock(START)
+    scheduler = _scheduler(clock, MemoryStore(clock=clock))
+    server = serve(scheduler, 0, "127.0.0.1")
+    port = server.port
+    assert ask(port, "/healthz").status == 503
+    server.close()
+    with pytest.raises(urllib.error.URLError):
+        ask(port, "/healthz")
+    again = serve(scheduler, port, "127.0.0.1")  # the same port, at once
+    try:
+        assert again.port == port
+        assert ask(port, "/readyz").status == 503
+    finally:
+        again.close()
