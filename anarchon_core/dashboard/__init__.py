@@ -1,0 +1,288 @@
+"""A live dashboard of one namespace: a WSGI app (``anarchon dashboard`` serves it).
+
+The page (``page.html``, ``page.js``, ``page.css``) reads ``api/state``
+every second and draws it with DOM text nodes only: every name and value
+that comes from the store is shown as text, never as markup. It shows each
+job's last slot, owner, attempt, state, lease left, last success, pause
+flag and next slot; a timeline of its recent slots (who ran each, takeovers,
+slots that did not run); and the live instances with the runs they hold.
+
+Read-only unless built with an ``action_token``: then ``api/pause``,
+``api/resume`` and ``api/trigger`` accept a POST carrying the token in the
+``X-Anarchon-Token`` header (compared in constant time). A header, not a
+cookie: another site's page cannot make a browser send it. Mount it in any
+WSGI project (Django, Flask) under a prefix of your choice: the page's links
+are relative.
+"""
+
+from __future__ import annotations
+
+import hmac
+import itertools
+import json
+import threading
+import time
+from collections.abc import Callable, Iterable
+from importlib import resources
+from typing import Any
+
+from ..control import Control, JobPaused, UnknownJob
+from ..errors import ConfigurationError
+from ..store import HELD_STATES, RunRecord, Store
+from ..urls import scrub, secrets_in
+
+StartResponse = Callable[[str, list[tuple[str, str]]], Any]
+
+#: How many jobs the page shows at most (sorted by name; the rest are counted).
+MAX_JOBS = 200
+#: How many recent attempts each job's timeline shows.
+TIMELINE = 12
+#: The largest request body an action accepts, in bytes.
+MAX_BODY = 4096
+
+_FILES = {
+    "/": ("page.html", "text/html; charset=utf-8"),
+    "/page.js": ("page.js", "text/javascript; charset=utf-8"),
+    "/page.css": ("page.css", "text/css; charset=utf-8"),
+}
+_SECURITY = [
+    (
+        "Content-Security-Policy",
+        "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self';"
+        " img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+    ),
+    ("X-Content-Type-Options", "nosniff"),
+    ("Referrer-Policy", "no-referrer"),
+    ("Cache-Control", "no-store"),
+]
+
+
+class Dashboard:
+    """The WSGI app of the dashboard of ``store``'s namespace (a Store or a URL)."""
+
+    def __init__(
+        self,
+        store: Store | str,
+        *,
+        namespace: str = "default",
+        action_token: str | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if action_token is not None and (
+            len(action_token) < 16 or not all("!" <= c <= "~" for c in action_token)
+        ):
+            raise ConfigurationError(
+                "the dashboard's action token: at least 16 characters, printable ASCII"
+                " without spaces (a header carries it)"
+            )
+        self.control = Control(store, namespace=namespace)
+        #: The URL's secrets, scrubbed from any error the page shows.
+        self._secrets = secrets_in(store) if isinstance(store, str) else []
+        self.store = self.control.store
+        self._token = action_token
+        self._clock = clock
+        self._lock = threading.Lock()  # one store call at a time, whatever the server's threads
+        self._files = {
+            path: (resources.files(__name__).joinpath(name).read_bytes(), kind)
+            for path, (name, kind) in _FILES.items()
+        }
+
+    def close(self) -> None:
+        self.control.close()
+
+    # -- WSGI -----------------------------------------------------------
+
+    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO") or ""
+        method = environ.get("REQUEST_METHOD", "GET")
+        if path == "":  # mounted under a prefix and asked without the slash
+            where = (environ.get("SCRIPT_NAME") or "") + "/"
+            headers = [("Location", where), ("Content-Type", "text/plain"), *_SECURITY]
+            start_response("308 Permanent Redirect", headers)
+            return [b""]
+        if path in self._files:
+            if method not in ("GET", "HEAD"):
+                return _json(start_response, "405 Method Not Allowed", {"error": "GET only"})
+            body, kind = self._files[path]
+            start_response("200 OK", [("Content-Type", kind), *_SECURITY])
+            return [body]
+        if path == "/api/state":
+            if method not in ("GET", "HEAD"):
+                return _json(start_response, "405 Method Not Allowed", {"error": "GET only"})
+            try:
+                with self._lock:
+                    state = self.state()
+            except Exception as exc:
+                return _json(start_response, "503 Service Unavailable", {"error": self._said(exc)})
+            return _json(start_response, "200 OK", state)
+        verb = path.removeprefix("/api/")
+        if verb in ("pause", "resume", "trigger"):
+            if method != "POST":
+                return _json(start_response, "405 Method Not Allowed", {"error": "POST only"})
+            return self._act(verb, environ, start_response)
+        return _json(start_response, "404 Not Found", {"error": "not found"})
+
+    def _act(
+        self, verb: str, environ: dict[str, Any], start_response: StartResponse
+    ) -> Iterable[bytes]:
+        if self._token is None:
+            return _json(start_response, "403 Forbidden", {"error": "the dashboard is read-only"})
+        given = environ.get("HTTP_X_ANARCHON_TOKEN", "")
+        if not hmac.compare_digest(given.encode(), self._token.encode()):
+            return _json(start_response, "403 Forbidden", {"error": "wrong action token"})
+        try:
+            length = int(environ.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            length = -1
+        if not 0 < length <= MAX_BODY:
+            return _json(start_response, "400 Bad Request", {"error": "expected a small JSON body"})
+        try:
+            job = json.loads(environ["wsgi.input"].read(length))["job"]
+        except (ValueError, KeyError, TypeError):
+            job = None
+        if not isinstance(job, str) or not job:
+            return _json(start_response, "400 Bad Request", {"error": 'expected {"job": NAME}'})
+        try:
+            with self._lock:
+                if verb == "pause":
+                    changed = self.control.pause(job)
+                    said = "paused" if changed else "already paused"
+                elif verb == "resume":
+                    changed = self.control.resume(job)
+                    said = "resumed" if changed else "not paused"
+                else:
+                    said = f"asked to run {self.control.trigger(job)} now"
+        except (UnknownJob, JobPaused, ConfigurationError) as exc:
+            return _json(start_response, "409 Conflict", {"error": str(exc)})
+        except Exception as exc:
+            return _json(start_response, "503 Service Unavailable", {"error": self._said(exc)})
+        return _json(start_response, "200 OK", {"job": job, "done": said})
+
+    def _said(self, exc: Exception) -> str:
+        """An error as the page may show it: the store's secrets scrubbed out."""
+        said = f"{type(exc).__name__}: {exc}"
+        for secret in self._secrets:
+            said = scrub(said, secret)
+        return said
+
+    # -- what the page shows ----------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        """Everything the page shows, as JSON-ready values (times in Unix seconds)."""
+        now = self._clock()
+        jobs = self.control.jobs()
+        paused = self.control.paused()
+        instances = self.store.instances() if self.store.keeps_registry else []
+        shown_jobs = []
+        holds: dict[str, list[str]] = {}
+        for status in jobs[:MAX_JOBS]:
+            st, counts = status.state, status.stats
+            history = self.store.history(status.job, TIMELINE) if st is not None else []
+            row: dict[str, Any] = {
+                "name": status.job,
+                "paused": status.paused,
+                "stored": status.defined is not None,
+                "slot": st.slot_ms / 1000 if st else None,
+                "owner": st.owner if st else None,
+                "attempt": st.attempt if st else None,
+                "state": st.state.value if st else None,
+                "lease_left": st.lease_remaining if st and st.state in HELD_STATES else None,
+                "last_success": counts.last_success if counts else None,
+                "last_failure": counts.last_failure if counts else None,
+                "runs": counts.runs if counts else 0,
+                "takeovers": counts.takeovers if counts else 0,
+                "next": _next_slot(status, history, now),
+                "timeline": _timeline(history),
+            }
+            if st is not None and st.state in HELD_STATES and st.lease_remaining > 0:
+                holds.setdefault(st.owner, []).append(status.job)
+            shown_jobs.append(row)
+        return {
+            "namespace": self.store.namespace,
+            "now": now,
+            "paused_namespace": paused.namespace,
+            "actions": self._token is not None,
+            "registry": self.store.keeps_registry,
+            "jobs": shown_jobs,
+            "more_jobs": max(0, len(jobs) - MAX_JOBS),
+            "instances": [
+                {
+                    "name": r.instance,
+                    "host": r.info.get("host"),
+                    "pid": r.info.get("pid"),
+                    "version": r.info.get("version"),
+                    "jobs": r.info.get("jobs"),
+                    "seen": r.age,
+                    "holds": sorted(holds.get(r.instance, [])),
+                }
+                for r in sorted(instances, key=lambda r: r.instance)
+            ],
+        }
+
+
+def _next_slot(status: Any, history: list[RunRecord], now: float) -> dict[str, Any] | None:
+    """The job's next slot: from its stored schedule, else estimated from its recent slots."""
+    if status.defined is not None:
+        from datetime import datetime, timezone
+
+        nxt = status.defined.schedule().next_after(datetime.fromtimestamp(now, timezone.utc))
+        return {"at": nxt.timestamp(), "estimated": False}
+    slots = sorted({r.slot_ms for r in history}, reverse=True)
+    if len(slots) < 2:
+        return None
+    gap = min(a - b for a, b in itertools.pairwise(slots))
+    if gap <= 0:
+        return None
+    at = slots[0]
+    while at / 1000 <= now:
+        at += gap
+    return {"at": at / 1000, "estimated": True}
+
+
+def _timeline(history: list[RunRecord]) -> list[dict[str, Any]]:
+    """Recent attempts, newest first, with a marker where slots did not run.
+
+    Slots that did not run (missed, skipped as overlaps, paused) show as a
+    gap wider than the smallest gap between the recent slots.
+    """
+    slots = sorted({r.slot_ms for r in history}, reverse=True)
+    gaps = [a - b for a, b in itertools.pairwise(slots)]
+    step = min(gaps) if gaps else 0
+    items: list[dict[str, Any]] = []
+    previous: int | None = None
+    for record in history:
+        if previous is not None and step > 0 and previous != record.slot_ms:
+            skipped = round((previous - record.slot_ms) / step) - 1
+            if skipped > 0:
+                items.append({"kind": "gap", "slots": skipped})
+        items.append(
+            {
+                "kind": "run",
+                "slot": record.slot_ms / 1000,
+                "attempt": record.attempt,
+                "owner": record.owner,
+                "state": record.state.value,
+                "takeover": record.attempt > 1,
+            }
+        )
+        previous = record.slot_ms
+    return items
+
+
+def _json(start_response: StartResponse, status: str, value: Any) -> list[bytes]:
+    body = json.dumps(value, separators=(",", ":")).encode()
+    start_response(status, [("Content-Type", "application/json"), *_SECURITY])
+    return [body]
+
+
+def serve(app: Dashboard, host: str = "127.0.0.1", port: int = 8787) -> None:
+    """Serve ``app`` with waitress (the ``dashboard`` extra) until interrupted."""
+    try:
+        import waitress
+    except ImportError as exc:
+        from ..errors import MissingDependency
+
+        raise MissingDependency(
+            "the dashboard's server needs waitress: pip install 'anarchon[dashboard]'"
+        ) from exc
+    waitress.serve(app, host=host, port=port, threads=4, ident="anarchon", _quiet=True)

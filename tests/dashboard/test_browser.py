@@ -1,0 +1,330 @@
+"""The dashboard in a real browser, over real instances sharing a real Redis.
+
+Three instance processes run the job ``tick`` every second; a second job,
+stored in the namespace, runs every second too, under a name that is markup
+(``<script>alert(1)</script>``). ``anarchon dashboard`` serves the namespace as
+a user starts it (a subprocess, its action token in a file), and headless
+Chromium opens it: the page shows both jobs (the markup as text, never run)
+and every live instance, follows the slots as they pass, and its Pause button
+pauses ``tick`` on every instance (their report shows no run of it) while the
+other job goes on, until its Resume button brings the runs back. A read-only
+dashboard of the same namespace shows no buttons and no token field.
+
+With ``ANARCHON_SCREENSHOT`` set, the page is saved to ``docs/dashboard.png``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from selenium import webdriver
+from selenium.common.exceptions import (
+    NoAlertPresentException,
+    StaleElementReferenceException,
+    WebDriverException,
+)
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+
+from anarchon_core import Control
+from anarchon_core.control import Definition
+from tests import servers
+from tests.cleanup import drop_namespace
+from tests.scenarios.harness import Fleet, Line, slot_seconds
+
+pytestmark = pytest.mark.scenario
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+SCREENSHOT = ROOT / "docs" / "dashboard.png"
+#: The instances' own job (``anarchon_core.tools.instance``'s default name).
+TICK = "tick"
+#: The job stored in the namespace, named as markup: the page must show it as text.
+MARKUP = "<script>alert(1)</script>"
+NAMES = ("a", "b", "c")
+#: A slot due this long after the click may not start: the click's request, and
+#: a claim sent just before it, are well within it.
+PAUSE_MARGIN = 1.5
+#: How long the paused job is watched for a run that should not happen.
+PAUSED_FOR = 4.0
+
+#: Everything the page shows of its two tables, read at once (the page redraws them
+#: every second: elements found one by one may belong to different drawings).
+TABLES = """
+const cells = (tr) => Object.fromEntries(
+  Array.from(tr.cells).map((td, i) => [td.className.split(" ")[0] || String(i), td.textContent]));
+return {
+  jobs: Array.from(document.querySelectorAll("#jobs tbody tr")).map((tr) => ({
+    job: tr.dataset.job,
+    cells: cells(tr),
+    nameHtml: tr.querySelector("td.name").innerHTML,
+    buttons: Array.from(tr.querySelectorAll("td.controls button")).map((b) => b.className),
+    gaps: tr.querySelectorAll("td.recent span.gap").length,
+  })),
+  instances: Array.from(document.querySelectorAll("#instances tbody tr")).map((tr) => ({
+    name: tr.dataset.instance,
+    cells: cells(tr),
+  })),
+  summary: document.getElementById("summary").textContent,
+  message: document.getElementById("message").textContent,
+  error: ((e) => (e.hidden ? "" : e.textContent))(document.getElementById("error")),
+};
+"""
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[WebDriver]:
+    """Headless Debian Chromium, driven by its chromedriver, with a fresh profile."""
+    if not (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)):
+        servers.unavailable(
+            f"Chromium with chromedriver ({CHROMIUM}, {CHROMEDRIVER};"
+            " install: apt-get install chromium chromium-driver)"
+        )
+    options = webdriver.ChromeOptions()
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--window-size=1400,900",
+        f"--user-data-dir={tmp_path / 'chromium'}",
+    ):
+        options.add_argument(flag)
+    options.binary_location = CHROMIUM
+    # An alert stays open for the test to find, instead of being dismissed unseen.
+    options.unhandled_prompt_behavior = "ignore"
+    try:
+        driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
+    except WebDriverException as exc:
+        servers.not_started("headless Chromium", exc)
+        raise AssertionError("unreachable") from exc
+    try:
+        driver.set_window_size(1400, 900)
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture
+def fleet(tmp_path: Path, redis_url: str) -> Iterator[Fleet]:
+    """Instances (not started) of a namespace of their own, running tick every second."""
+    namespace = f"dash{uuid.uuid4().hex[:10]}"
+    made = Fleet(tmp_path, redis_url, namespace=namespace, every=1, work=0.2)
+    try:
+        yield made
+    finally:
+        made.stop_all()
+        drop_namespace(redis_url, namespace)
+
+
+@pytest.fixture
+def dashboard(fleet: Fleet, tmp_path: Path) -> Iterator[Callable[[str | None], str]]:
+    """Starts ``anarchon dashboard`` on the fleet's namespace; gives its URL."""
+    started: list[servers.ServerProcess] = []
+
+    def start(token: str | None) -> str:
+        port = servers.free_port()
+        argv = [sys.executable, "-m", "anarchon_core.cli", "dashboard"]
+        argv += ["--store", fleet.store, "--namespace", fleet.namespace]
+        argv += ["--host", "127.0.0.1", "--port", str(port)]
+        if token is not None:
+            token_file = tmp_path / f"token-{port}"
+            token_file.write_text(token + "\n")
+            token_file.chmod(0o600)
+            argv += ["--token-file", str(token_file)]
+        env = {k: v for k, v in os.environ.items() if k != "ANARCHON_DASHBOARD_TOKEN"}
+        env["PYTHONPATH"] = str(ROOT)
+        server = servers.ServerProcess(argv, port, name="dashboard", workdir=ROOT, env=env)
+        started.append(server.start())
+        return f"http://127.0.0.1:{port}/"
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+def tables(driver: WebDriver) -> dict[str, Any]:
+    found: dict[str, Any] = driver.execute_script(TABLES)
+    return found
+
+
+def row(shown: dict[str, Any], job: str) -> dict[str, Any] | None:
+    return next((r for r in shown["jobs"] if r["job"] == job), None)
+
+
+def wait_page(
+    driver: WebDriver, check: Callable[[dict[str, Any]], Any], timeout: float, what: str
+) -> Any:
+    deadline = time.monotonic() + timeout
+    shown: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        shown = tables(driver)
+        found = check(shown)
+        if found:
+            return found
+        time.sleep(0.1)
+    raise AssertionError(f"the page did not show {what} within {timeout}s: {shown}")
+
+
+def click(driver: WebDriver, selector: str) -> float:
+    """Click the element (found afresh if the page redrew it meanwhile); when, Unix seconds."""
+    for _ in range(20):
+        try:
+            target = driver.find_element(By.CSS_SELECTOR, selector)
+            at = time.time()
+            target.click()
+            return at
+        except StaleElementReferenceException:
+            continue
+    raise AssertionError(f"{selector} kept being redrawn under the click")
+
+
+def starts(lines: list[Line], job: str, after: float) -> list[Line]:
+    """Runs of ``job`` begun for a slot due after ``after``."""
+    return [
+        line
+        for line in lines
+        if line["kind"] == "start" and line["job"] == job and slot_seconds(line["slot_id"]) > after
+    ]
+
+
+def no_alert(driver: WebDriver) -> None:
+    try:
+        alert = driver.switch_to.alert
+    except NoAlertPresentException:
+        return
+    raise AssertionError(f"the page opened an alert: {alert.text!r}")
+
+
+def test_the_dashboard_shows_the_fleet_and_pauses_a_job_on_every_instance(
+    fleet: Fleet, dashboard: Callable[[str | None], str], browser: WebDriver
+) -> None:
+    with Control(fleet.store, namespace=fleet.namespace) as control:
+        control.add(Definition(name=MARKUP, handler="work", every=1))
+        fleet.start(*NAMES)
+        token = f"dashboard-{uuid.uuid4().hex}"
+        actions_url = dashboard(token)
+        read_only_url = dashboard(None)
+
+        # 1. The page loads and shows both jobs, the markup one as its literal name.
+        browser.get(actions_url)
+        assert browser.title == "anarchon"
+        shown = wait_page(
+            browser,
+            lambda s: s if row(s, TICK) and row(s, MARKUP) else None,
+            15,
+            f"the jobs {TICK!r} and {MARKUP!r}",
+        )
+        assert shown["error"] == ""
+        assert [r["job"] for r in shown["jobs"]] == sorted([MARKUP, TICK])
+        markup = row(shown, MARKUP)
+        assert markup is not None
+        assert markup["cells"]["name"] == MARKUP
+        assert markup["nameHtml"] == "&lt;script&gt;alert(1)&lt;/script&gt;"
+        name_cell = browser.find_element(By.CSS_SELECTOR, "#jobs tbody td.name")
+        assert name_cell.text == MARKUP  # sorted: "<" comes before "t"
+        no_alert(browser)
+        scripts = browser.find_elements(By.TAG_NAME, "script")
+        assert [s.get_attribute("src") for s in scripts] == [actions_url + "page.js"]
+        assert browser.execute_script("return document.scripts.length") == 1
+        tick = row(shown, TICK)
+        assert tick is not None
+        assert tick["cells"]["paused"] == "no"
+        assert tick["buttons"] == ["pause", "trigger"]
+        assert browser.find_element(By.ID, "token").is_displayed()
+
+        # 2. Every live instance, by name.
+        shown = wait_page(
+            browser,
+            lambda s: s if {i["name"] for i in s["instances"]} == set(NAMES) else None,
+            10,
+            f"the instances {NAMES}",
+        )
+        assert "2 job(s), 3 live instance(s)" in shown["summary"], shown["summary"]
+
+        # 3. It follows the slots as they pass: the last slot and the update time move.
+        before = row(shown, TICK)
+        assert before is not None
+        wait_page(
+            browser,
+            lambda s: (
+                (now := row(s, TICK)) is not None
+                and now["cells"]["slot"] != before["cells"]["slot"]
+                and s["summary"] != shown["summary"]
+            ),
+            5,
+            "a later slot of tick and a later update",
+        )
+        now = row(tables(browser), TICK)
+        assert now is not None and now["cells"]["owner"] in NAMES, now
+
+        # 4. Pause tick with the token: no slot of it starts on any instance.
+        browser.find_element(By.ID, "token").send_keys(token)
+        clicked = click(browser, f'#jobs tbody tr[data-job="{TICK}"] button.pause')
+        paused = wait_page(
+            browser,
+            lambda s: (r := row(s, TICK)) is not None and r["cells"]["paused"] == "yes" and s,
+            5,
+            "tick paused",
+        )
+        assert paused["message"] == f"{TICK}: paused"
+        assert row(paused, TICK)["buttons"] == ["resume", "trigger"]  # type: ignore[index]
+        assert row(paused, MARKUP)["cells"]["paused"] == "no"  # type: ignore[index]
+        assert control.paused().jobs == (TICK,)
+        time.sleep(max(0.0, clicked + PAUSE_MARGIN + PAUSED_FOR - time.time()))
+        lines = fleet.lines()
+        assert starts(lines, TICK, clicked + PAUSE_MARGIN) == [], (
+            f"tick ran after the pause clicked at {clicked:.3f}"
+        )
+        other = {x["slot_id"] for x in starts(lines, MARKUP, clicked + PAUSE_MARGIN)}
+        assert len(other) >= 3, f"the other job stopped too: {other}"
+
+        # 5. Resume: its runs come back, and the page shows the slots it did not run.
+        resumed = click(browser, f'#jobs tbody tr[data-job="{TICK}"] button.resume')
+        shown = wait_page(
+            browser,
+            lambda s: (r := row(s, TICK)) is not None and r["cells"]["paused"] == "no" and s,
+            5,
+            "tick resumed",
+        )
+        assert shown["message"] == f"{TICK}: resumed"
+        assert control.paused().jobs == ()
+        back = fleet.wait_for(lambda ls: starts(ls, TICK, resumed), 5, "tick to run again")
+        assert back[0]["instance"] in NAMES
+        wait_page(
+            browser,
+            lambda s: (r := row(s, TICK)) is not None and r["gaps"] >= 1,
+            5,
+            "the slots tick did not run while paused, in its recent slots",
+        )
+        no_alert(browser)
+        if os.environ.get("ANARCHON_SCREENSHOT"):
+            assert browser.save_screenshot(str(SCREENSHOT)), "no screenshot saved"
+
+        # 6. Read-only: the same tables, no buttons, no token field.
+        browser.get(read_only_url)
+        shown = wait_page(
+            browser,
+            lambda s: s if row(s, TICK) and len(s["instances"]) == len(NAMES) else None,
+            10,
+            "the read-only dashboard's tables",
+        )
+        assert row(shown, MARKUP)["cells"]["name"] == MARKUP  # type: ignore[index]
+        assert all(r["buttons"] == [] for r in shown["jobs"]), shown["jobs"]
+        assert browser.find_elements(By.TAG_NAME, "button") == []
+        assert not browser.find_element(By.ID, "token").is_displayed()
+        assert not browser.find_element(By.ID, "actions").is_displayed()
+        no_alert(browser)
