@@ -55,6 +55,8 @@ def status(store: Store, out: TextIO) -> int:
             print(f"no jobs recorded in namespace {store.namespace!r}", file=out)
         else:
             print(f"{type(store).__name__} records no jobs (it only takes claims)", file=out)
+        if store.keeps_registry:  # instances up before their first slot
+            instances(store, {}, out)
         return 0
     states = store.states(names)
     header = ("job", "last slot (UTC)", "owner", "attempt", "state", "lease left")

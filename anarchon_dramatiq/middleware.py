@@ -122,6 +122,8 @@ class Anarchon(Middleware):
             or not 0 < metrics_port <= 65535
         ):
             raise ConfigurationError(f"metrics_port={metrics_port!r}: expected a TCP port")
+        if not isinstance(metrics_host, str) or not metrics_host:
+            raise ConfigurationError(f"metrics_host={metrics_host!r}: expected an address")
         self.metrics_port = metrics_port
         self.metrics_host = metrics_host
         self._probes: ProbeServer | None = None

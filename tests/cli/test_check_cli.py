@@ -19,6 +19,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -242,3 +243,20 @@ def test_status_lists_the_live_instances_and_what_each_holds(target: Target) -> 
     done = anarchon("status", "--store", target.url, "--namespace", target.namespace)
     assert done.returncode == EXIT_OK, shown(done)
     assert "0 live instance(s)" in done.stdout.splitlines()  # withdrawn on stopping
+
+
+def test_status_lists_live_instances_before_any_slot_is_recorded(target: Target) -> None:
+    cron = Scheduler(target.url, namespace=target.namespace)
+    later = datetime.now(timezone.utc).replace(microsecond=0) + timedelta(hours=1)
+    cron.add_job(lambda: None, name="hourly", every=3600, anchor=later)
+    cron.start()
+    try:
+        wait_for("the scheduler's registry record", lambda: target.registered(cron.instance))
+        done = anarchon("status", "--store", target.url, "--namespace", target.namespace)
+    finally:
+        cron.stop(timeout=5)
+    assert done.returncode == 1, shown(done)  # no job recorded yet
+    lines = done.stdout.splitlines()
+    assert f"no jobs recorded in namespace {target.namespace!r}" in lines
+    at = lines.index("1 live instance(s)")
+    assert lines[at + 2].split()[:2] == [cron.instance, HOST], shown(done)

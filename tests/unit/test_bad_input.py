@@ -362,3 +362,10 @@ def test_dramatiq_keeps_a_good_metrics_port() -> None:
     middleware = Anarchon(store="memory://", metrics_port=9100, metrics_host="127.0.0.1")
     assert (middleware.metrics_port, middleware.metrics_host) == (9100, "127.0.0.1")
     assert Anarchon(store="memory://").metrics_port is None
+
+
+def test_dramatiq_refuses_an_empty_metrics_host() -> None:
+    from anarchon_dramatiq import Anarchon
+
+    with pytest.raises(ConfigurationError, match="metrics_host=''"):
+        Anarchon(store="memory://", metrics_port=9100, metrics_host="")
