@@ -543,7 +543,11 @@ class Store(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} keeps no control entries")
 
     def ping(self) -> None:
-        """Reach the store once: StoreUnavailable if it cannot, or refuses this client."""
+        """Reach the store once: StoreUnavailable if it cannot, or refuses this client.
+
+        The engine pings after a failed step before it counts the store as
+        back: a ping must not depend on any one job's record.
+        """
         self.jobs()
 
     def close(self) -> None:  # noqa: B027 - most stores have nothing to close

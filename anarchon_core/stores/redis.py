@@ -838,6 +838,12 @@ class RedisStore(Store):
             entries = self.client.lrange(self._keys(job)[1], 0, limit - 1)
         return [_run(job, json.loads(entry)) for entry in entries]
 
+    def ping(self) -> None:
+        """One PING: the server answers and lets this client in (no record is read, so a
+        record no script can use does not make the whole store look down)."""
+        with self._guard():
+            self.client.ping()
+
     def jobs(self) -> list[str]:
         with self._guard():
             members = self.client.smembers(self._jobs_key)
