@@ -320,6 +320,11 @@ def _definition_fields(args: argparse.Namespace) -> dict[str, Any]:
     return given
 
 
+def _store_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--store", required=True, help="store URL, e.g. redis://host")
+    parser.add_argument("--namespace", default="default")
+
+
 def add_control_verbs(
     commands: Any,
     *,
@@ -339,8 +344,7 @@ def add_control_verbs(
         )
         parser.set_defaults(verb=name)
         if store_option:
-            parser.add_argument("--store", required=True, help="store URL, e.g. redis://host")
-            parser.add_argument("--namespace", default="default")
+            _store_arguments(parser)
         if extra is not None:
             extra(parser)
         return parser
@@ -475,8 +479,7 @@ def main(argv: list[str] | None = None) -> int:
         " answer, no instance of this host recorded itself lately, a job overdue), 2 bad"
         " arguments or URL.",
     )
-    probe.add_argument("--store", required=True, help="store URL, e.g. redis://host")
-    probe.add_argument("--namespace", default="default")
+    _store_arguments(probe)
     probe.add_argument("--job", action="append", default=[], metavar="NAME",
                        help="a job whose last success must be recent (repeatable)")  # fmt: skip
     probe.add_argument(
@@ -497,8 +500,7 @@ def main(argv: list[str] | None = None) -> int:
         " need a token of 16 characters or more, read from the ANARCHON_DASHBOARD_TOKEN"
         " environment variable or --token-file, never from the command line.",
     )
-    board.add_argument("--store", required=True, help="store URL, e.g. redis://host")
-    board.add_argument("--namespace", default="default")
+    _store_arguments(board)
     board.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     board.add_argument("--port", type=int, default=8787, help="port (default 8787)")
     board.add_argument("--token-file", help="a file holding the action token")

@@ -13,45 +13,23 @@ import os
 import re
 import socket
 import subprocess
-import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 
 import pytest
 
 from anarchon_core import Scheduler, Store, open_store
 from tests.cleanup import drop_namespace
+from tests.cli.command import anarchon, shown
 from tests.servers import free_port
 
-ROOT = Path(__file__).resolve().parents[2]
 HOST = socket.gethostname()
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
-
-
-def anarchon(*args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    done = subprocess.run(
-        [sys.executable, "-m", "anarchon_core.cli", *args],
-        capture_output=True,
-        text=True,
-        errors="replace",
-        env=env,
-        cwd=ROOT,
-        timeout=60,
-        check=False,
-    )
-    assert "Traceback" not in done.stderr, done.stderr
-    return done
-
-
-def shown(done: subprocess.CompletedProcess[str]) -> str:
-    return f"exit {done.returncode}\n--- stdout:\n{done.stdout}--- stderr:\n{done.stderr}"
 
 
 def wait_for(what: str, condition: Callable[[], bool], timeout: float = 10.0) -> None:

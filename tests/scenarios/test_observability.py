@@ -22,29 +22,19 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from anarchon_core.check import LIVE_WITHIN
 from anarchon_core.peers import ANNOUNCE_EVERY
 from tests import servers
 from tests.cleanup import drop_namespace
+from tests.pods import scraped
 from tests.scenarios.harness import Fleet
 
 pytestmark = pytest.mark.scenario
 
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def scrape(port: int) -> Samples:
-    """The samples of one instance's ``/metrics``, by name and label set."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
-        text = answer.read().decode()
-    return {
-        (sample.name, frozenset(sample.labels.items())): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
+scrape = scraped
 
 
 def of(samples: Samples, name: str, **labels: str) -> float | None:
