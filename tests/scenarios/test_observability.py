@@ -74,7 +74,7 @@ def wait(check: Callable[[], bool], timeout: float, what: str) -> float:
 def redis_fleet(tmp_path: Path, redis_url: str) -> Iterator[Fleet]:
     namespace = f"o{uuid.uuid4().hex[:10]}"
     fleet = Fleet(
-        tmp_path, redis_url, namespace=namespace, every=2, work=1.8, lease=2, jitter=0,
+        tmp_path, redis_url, namespace=namespace, every=3, work=2.5, lease=1, jitter=0,
         metrics_port=0,
     )  # fmt: skip
     try:
@@ -99,11 +99,12 @@ def test_counters_move_as_slots_are_won_taken_over_and_missed(redis_fleet: Fleet
     samples = scrape(ports["a"])
     assert of(samples, "anarchon_up", namespace=ns) == 1.0
     next_slot = of(samples, "anarchon_next_slot_timestamp_seconds", namespace=ns, job="tick")
-    assert next_slot is not None and time.time() - 2 < next_slot <= time.time() + 2
+    assert next_slot is not None and time.time() - 3 < next_slot <= time.time() + 3
     assert total(ports, "anarchon_claim_lateness_seconds_count", "tick", ns) >= before
 
     # Taken over: SIGKILL the instance running a slot (started within the last half
-    # second of its 1.8 s of work); a survivor takes it over.
+    # second of its 2.5 s of work); a survivor takes it over. Its 1 s lease lapses
+    # well before the next slot (3 s), whose claim would otherwise supersede it.
     running = fleet.wait_for(
         lambda ls: [
             x for x in fleet.starts()
@@ -115,21 +116,26 @@ def test_counters_move_as_slots_are_won_taken_over_and_missed(redis_fleet: Fleet
         "a run that just started",
     )[-1]  # fmt: skip
     victim = running["instance"]
-    fleet.kill(victim)
+    killed_at = fleet.kill(victim)
     survivors = {n: p for n, p in ports.items() if n != victim}
-    wait(
-        lambda: total(survivors, "anarchon_slots_taken_over_total", "tick", ns) >= 1,
-        15,  # the lease (2 s) and a watch, with room for a loaded machine
-        "a takeover counted after the SIGKILL",
-    )
+    try:
+        wait(
+            lambda: total(survivors, "anarchon_slots_taken_over_total", "tick", ns) >= 1,
+            15,  # the lease (1 s) and a watch, with room for a loaded machine
+            "a takeover counted after the SIGKILL",
+        )
+    except AssertionError as exc:
+        since = [x for x in fleet.lines() if x["t"] >= killed_at - 3]
+        logs = {n: (fleet.logs / f"{n}.log").read_text()[-3000:] for n in survivors}
+        raise AssertionError(f"{exc}; killed {running}; then: {since}; logs: {logs}") from None
     takeover = [x for x in fleet.starts() if x["slot_id"] == running["slot_id"]]
     assert [x["attempt"] for x in takeover] == [running["attempt"], running["attempt"] + 1]
 
-    # Missed: every instance frozen past the slots' catch-up window (2 s).
+    # Missed: every instance frozen past two slots (3 s apart, each its window).
     assert total(survivors, "anarchon_slots_missed_total", "tick", ns) == 0
     for name in survivors:
         fleet.signal(name, signal.SIGSTOP)
-    time.sleep(5)
+    time.sleep(7)
     for name in survivors:
         fleet.signal(name, signal.SIGCONT)
     wait(
@@ -177,17 +183,17 @@ def test_check_fails_on_a_frozen_loop_and_a_stopped_store_then_passes_again(
         assert done.returncode == 0, done.stdout + done.stderr
         assert "ok  loop: a recorded itself" in done.stdout
 
-        # Frozen loop: non-zero within the stated bound (LIVE_WITHIN, plus the probe's run).
+        # Frozen loop: non-zero within the stated bound (LIVE_WITHIN of the freeze, plus
+        # up to 5 s for one probe command to start and answer on a loaded machine).
         frozen_at = time.monotonic()
         fleet.signal("a", signal.SIGSTOP)
         with pytest.raises(OSError):  # a frozen process answers no HTTP probe either
             urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2)
         wait(
             lambda: run_check(url, ns, "--instance", "a").returncode == 1,
-            LIVE_WITHIN + ANNOUNCE_EVERY,
+            LIVE_WITHIN + 5 - (time.monotonic() - frozen_at),
             "check failing on a frozen loop",
         )
-        assert time.monotonic() - frozen_at <= LIVE_WITHIN + ANNOUNCE_EVERY + 5
         # The other instance, not frozen, passes all along.
         assert run_check(url, ns, "--instance", "b").returncode == 0
         fleet.signal("a", signal.SIGCONT)
