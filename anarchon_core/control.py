@@ -193,18 +193,25 @@ class Control:
 
     def jobs(self) -> list[JobStatus]:
         """Every job with a record, a pause mark or a stored schedule, sorted by name."""
+        return self.listing()[0]
+
+    def listing(self, limit: int | None = None) -> tuple[list[JobStatus], int]:
+        """The first ``limit`` jobs of :meth:`jobs` (only theirs are read), and how many
+        jobs there are in all."""
         paused = self.store.paused()
         defined = self.definitions()
         recorded = {name for name in self.store.jobs() if not name.endswith(BACKFILL)}
-        names = sorted(recorded | set(paused.jobs) | set(defined))
+        every = sorted(recorded | set(paused.jobs) | set(defined))
+        names = every[:limit]
         states = self.store.states(names)
         stats = self.store.stats(names)
-        return [
+        shown = [
             JobStatus(
                 name, states.get(name), name in paused.jobs, defined.get(name), stats.get(name)
             )
             for name in names
         ]
+        return shown, len(every)
 
     def definitions(self) -> dict[str, Definition]:
         """The schedules defined in the store, by job name."""

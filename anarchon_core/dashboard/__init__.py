@@ -170,12 +170,12 @@ class Dashboard:
     def state(self) -> dict[str, Any]:
         """Everything the page shows, as JSON-ready values (times in Unix seconds)."""
         now = self._clock()
-        jobs = self.control.jobs()
+        jobs, total = self.control.listing(MAX_JOBS)
         paused = self.control.paused()
         instances = self.store.instances() if self.store.keeps_registry else []
         shown_jobs = []
         holds: dict[str, list[str]] = {}
-        for status in jobs[:MAX_JOBS]:
+        for status in jobs:
             st, counts = status.state, status.stats
             history = self.store.history(status.job, TIMELINE) if st is not None else []
             row: dict[str, Any] = {
@@ -204,7 +204,7 @@ class Dashboard:
             "actions": self._token is not None,
             "registry": self.store.keeps_registry,
             "jobs": shown_jobs,
-            "more_jobs": max(0, len(jobs) - MAX_JOBS),
+            "more_jobs": total - len(jobs),
             "instances": [
                 {
                     "name": r.instance,

@@ -342,7 +342,7 @@ def test_resume_with_catch_up_runs_the_latest_missed_slot_once(tmp_path: Path) -
     for name in "abc":
         # A catch-up window wide enough that the latest missed slot is always in it.
         engine = Scheduler(url, namespace="cu", instance=name, jitter=0, catch_up=10)
-        engine.add_job(lambda run, n=name: runs.append((n, run.slot_id)), name="job", every=2)
+        engine.add_job(lambda run, n=name: runs.append((n, run.slot_id)), name="job", every=4)
         engine.start()
         engines.append(engine)
     try:
@@ -354,11 +354,15 @@ def test_resume_with_catch_up_runs_the_latest_missed_slot_once(tmp_path: Path) -
         def missed_while_paused(catch_up: bool) -> list[tuple[str, str]]:
             expect(anarchon("pause", "job", *cli), EXIT_OK)
             paused_at = time.time()
-            time.sleep(3.2)  # at least one slot comes and is refused
+            # Resume half a second after a slot that came while paused (and was refused):
+            # the slots are 4 s apart, so that slot is still the latest when the command
+            # acts, however long it takes to start on a loaded machine (under 3.5 s).
+            refused = (int(paused_at) // 4 + 1) * 4
+            if refused - paused_at < 1:
+                refused += 4
+            time.sleep(max(0.0, refused + 0.5 - time.time()))
             before = len(runs)
             resume = ["resume", "job", *cli] + (["--catch-up"] if catch_up else [])
-            # Slots due before this were claimed while paused (the command takes longer
-            # to start than a claim, sent at its slot time, takes to answer).
             resuming = time.time()
             expect(anarchon(*resume), EXIT_OK)
 
@@ -380,7 +384,7 @@ def test_resume_with_catch_up_runs_the_latest_missed_slot_once(tmp_path: Path) -
         assert missed_while_paused(catch_up=False) == []
         caught = missed_while_paused(catch_up=True)
         assert len(caught) == 1, caught  # the latest missed slot, on one instance
-        assert int(caught[0][1].rsplit("@")[1]) % 2000 == 0  # its own id on the grid
+        assert int(caught[0][1].rsplit("@")[1]) % 4000 == 0  # its own id on the grid
     finally:
         for engine in engines:
             engine.stop()

@@ -25,9 +25,9 @@ from wsgiref.validate import validator
 
 import pytest
 
-from anarchon_core import Control, Run, Scheduler, Store, open_store
+from anarchon_core import ClaimRequest, Control, Run, Scheduler, Store, open_store
 from anarchon_core.control import RUN_NOW, RUN_NOW_LEAD, Definition
-from anarchon_core.dashboard import MAX_BODY, Dashboard
+from anarchon_core.dashboard import MAX_BODY, MAX_JOBS, Dashboard
 from anarchon_core.errors import ConfigurationError
 from tests import servers
 from tests.cleanup import drop_namespace
@@ -428,3 +428,14 @@ def test_a_store_that_does_not_answer_is_a_503_without_its_password() -> None:
         assert call(app, "GET", "/").status == 200
     finally:
         app.close()
+
+
+def test_past_the_first_jobs_the_page_counts_the_others(app: Dashboard, store: Store) -> None:
+    names = [f"job{i:04d}" for i in range(MAX_JOBS + 5)]
+    slot_ms = int(time.time()) * 1000
+    claims = store.claim_many([ClaimRequest(name, slot_ms, 10) for name in names], "web-1")
+    assert all(c.won for c in claims)
+    state = call(app, "GET", "/api/state").json()
+    assert [job["name"] for job in state["jobs"]] == names[:MAX_JOBS]
+    assert state["more_jobs"] == 5 + 1  # and the fixture's stored schedule
+    assert STORED not in [job["name"] for job in state["jobs"]]
