@@ -30,7 +30,7 @@ from anarchon_core import AnarchonError, ConfigurationError, DispatchFailed, Run
 from anarchon_core import Scheduler as Engine
 from anarchon_core.control import Definition
 from anarchon_core.handoff import DEFAULT_PICKUP, HandOff
-from anarchon_core.probes import ProbeServer, serve
+from anarchon_core.probes import ProbeServer, serve_beside
 from anarchon_core.scheduler import MAX_SLEEP
 from anarchon_core.urls import redact
 
@@ -156,7 +156,7 @@ class Scheduler(celery_beat.Scheduler):  # type: ignore[misc]
         if settings.tracking and engine.store.supports_lease:
             self.workers = WorkerCheck(self.app).start()
         if settings.metrics_port is not None:
-            self._probes = serve(engine, settings.metrics_port, settings.metrics_host)
+            self._probes = serve_beside(engine, settings.metrics_port, settings.metrics_host)
         self._steps.install_signal_handlers()
         log.info(
             "anarchon: %d entries, store %s, namespace %s, execution tracking %s",

@@ -122,3 +122,18 @@ def serve(
     except OSError as exc:
         raise ConfigurationError(f"cannot serve probes on {host}:{port}: {exc.strerror}") from exc
     return ProbeServer(server)
+
+
+def serve_beside(scheduler: Scheduler, port: int, host: str) -> ProbeServer:
+    """:func:`serve` as the integrations' settings ask for it: with the metrics when
+    ``prometheus_client`` is installed, else the probes alone (said once, as a warning)."""
+    try:
+        import prometheus_client  # noqa: F401 - only whether it is there
+    except ImportError:
+        log.warning(
+            "anarchon: prometheus_client is not installed: serving /healthz and /readyz"
+            " only on port %s (pip install 'anarchon[metrics]' for /metrics)",
+            port,
+        )
+        return serve(scheduler, port, host, metrics=False)
+    return serve(scheduler, port, host)

@@ -32,7 +32,7 @@ from anarchon_core.cli import (
     check_control_args,
     run_control,
 )
-from anarchon_core.probes import serve
+from anarchon_core.probes import serve_beside
 from anarchon_core.urls import redact
 
 from .middleware import Anarchon
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
         engine = middleware.build_engine(broker, f"{socket.gethostname()}:{os.getpid()}:dqa")
         port = args.metrics_port if args.metrics_port is not None else middleware.metrics_port
         if port is not None:
-            serve(engine, port, args.metrics_host or middleware.metrics_host)
+            serve_beside(engine, port, args.metrics_host or middleware.metrics_host)
     except AnarchonError as exc:
         parser.exit(2, f"dramatiq-anarchon: {exc}\n")
     logging.getLogger(__name__).info(

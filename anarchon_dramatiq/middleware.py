@@ -55,7 +55,7 @@ from anarchon_core.handoff import (
 )
 from anarchon_core.jobs import DISPATCH_JITTER
 from anarchon_core.metrics import Metrics
-from anarchon_core.probes import ProbeServer, serve
+from anarchon_core.probes import ProbeServer, serve_beside
 from anarchon_core.urls import check_namespace, redact
 
 from .broker_store import broker_store_url
@@ -294,7 +294,7 @@ class Anarchon(Middleware):
         """Serve metrics and probes on ``metrics_port``; count into Dramatiq's Prometheus
         exposition when its middleware is on the broker (its multiprocess files)."""
         if self.metrics_port is not None:
-            self._probes = serve(engine, self.metrics_port, self.metrics_host)
+            self._probes = serve_beside(engine, self.metrics_port, self.metrics_host)
         elif any(type(m).__name__ == "Prometheus" for m in broker.middleware):
             Metrics(engine)
 

@@ -9,6 +9,8 @@ store, or a Redis URL on a port nothing listens on for a store that really fails
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -232,3 +234,31 @@ def test_close_stops_serving_and_frees_the_port() -> None:
         assert ask(port, "/readyz").status == 503
     finally:
         again.close()
+
+
+def test_without_prometheus_client_the_settings_serve_the_probes_alone() -> None:
+    """Celery's anarchon_metrics_port and Dramatiq's metrics_port need only the core."""
+    code = """
+import logging, sys, urllib.error, urllib.request
+sys.modules["prometheus_client"] = None  # as if not installed
+logging.basicConfig(level=logging.WARNING)
+from anarchon_core import Scheduler
+from anarchon_core.probes import serve_beside
+s = Scheduler("memory://", namespace="x")
+s.add_job(lambda run: None, name="tick", every=1)
+s.run_pending()
+server = serve_beside(s, 0, "127.0.0.1")
+base = f"http://127.0.0.1:{server.port}"
+print(urllib.request.urlopen(base + "/healthz").status)
+try:
+    urllib.request.urlopen(base + "/metrics")
+except urllib.error.HTTPError as exc:
+    print(exc.code)
+server.close()
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.stdout.split() == ["200", "404"], done.stdout + done.stderr
+    assert "prometheus_client is not installed" in done.stderr
+    assert "pip install 'anarchon[metrics]'" in done.stderr
