@@ -85,7 +85,7 @@ def _loop(store: Store, host: str | None, instance: str | None) -> Finding:
 
 def _job(store: Store, job: str, now: float, max_late: float | None) -> Finding:
     what = f"job {job!r}"
-    if job not in store.jobs():
+    if store.state(job) is None:
         return Finding(what, False, "not recorded in the store")
     # Newest first; a slot taken over shows once per attempt.
     slots = sorted({r.slot_ms for r in store.history(job, 10)}, reverse=True)

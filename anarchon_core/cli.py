@@ -33,7 +33,7 @@ from .control import OPTIONS, Control, Definition, JobPaused, UnknownJob
 from .durations import parse_duration
 from .errors import AnarchonError, ConfigurationError, Conflict, StoreUnavailable
 from .schedules import from_ms
-from .store import HELD_STATES, HISTORY, JobState, RunState, Store
+from .store import HISTORY, JobState, RunState, Store, holders
 from .urls import open_store, redact, scrub, secrets_in
 
 T = TypeVar("T")
@@ -80,10 +80,7 @@ def status(store: Store, out: TextIO) -> int:
 def instances(store: Store, states: dict[str, JobState], out: TextIO) -> None:
     """Print the live instances of the store's registry, and the runs each holds."""
     live = sorted(store.instances(), key=lambda r: r.instance)
-    holds: dict[str, list[str]] = {}
-    for name, state in states.items():
-        if state.state in HELD_STATES and state.lease_remaining > 0:
-            holds.setdefault(state.owner, []).append(name)
+    holds = holders(states)
     print(f"\n{len(live)} live instance(s)", file=out)
     if not live:
         return
@@ -92,7 +89,7 @@ def instances(store: Store, states: dict[str, JobState], out: TextIO) -> None:
         info = r.info
         row = (r.instance, str(info.get("host", "-")), str(info.get("pid", "-")),
                str(info.get("version", "-")), str(info.get("jobs", "-")), f"{r.age:.1f}s ago",
-               ", ".join(sorted(holds.get(r.instance, []))) or "-")  # fmt: skip
+               ", ".join(holds.get(r.instance, [])) or "-")  # fmt: skip
         rows.append(row)
     _table(rows, out)
 

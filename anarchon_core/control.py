@@ -195,10 +195,12 @@ class Control:
         """Every job with a record, a pause mark or a stored schedule, sorted by name."""
         return self.listing()[0]
 
-    def listing(self, limit: int | None = None) -> tuple[list[JobStatus], int]:
+    def listing(
+        self, limit: int | None = None, paused: Paused | None = None
+    ) -> tuple[list[JobStatus], int]:
         """The first ``limit`` jobs of :meth:`jobs` (only theirs are read), and how many
-        jobs there are in all."""
-        paused = self.store.paused()
+        jobs there are in all. ``paused``: what :meth:`paused` said, if read already."""
+        paused = self.store.paused() if paused is None else paused
         defined = self.definitions()
         recorded = {name for name in self.store.jobs() if not name.endswith(BACKFILL)}
         every = sorted(recorded | set(paused.jobs) | set(defined))

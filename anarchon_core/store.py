@@ -197,6 +197,15 @@ class InstanceRecord:
     expires_in: float
 
 
+def holders(states: Mapping[str, JobState | None]) -> dict[str, list[str]]:
+    """Per owner, the jobs (sorted) whose current run it holds with a live lease."""
+    held: dict[str, list[str]] = {}
+    for job, state in sorted(states.items()):
+        if state is not None and state.held:
+            held.setdefault(state.owner, []).append(job)
+    return held
+
+
 @dataclass(frozen=True)
 class RunRecord:
     """One attempt of one slot, as kept in the history."""

@@ -23,12 +23,13 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterable
+from datetime import datetime, timezone
 from importlib import resources
 from typing import Any
 
 from ..control import Control, JobPaused, UnknownJob
 from ..errors import ConfigurationError
-from ..store import HELD_STATES, RunRecord, Store
+from ..store import HELD_STATES, RunRecord, Store, holders
 from ..urls import scrub, secrets_in
 
 StartResponse = Callable[[str, list[tuple[str, str]]], Any]
@@ -170,11 +171,11 @@ class Dashboard:
     def state(self) -> dict[str, Any]:
         """Everything the page shows, as JSON-ready values (times in Unix seconds)."""
         now = self._clock()
-        jobs, total = self.control.listing(MAX_JOBS)
         paused = self.control.paused()
+        jobs, total = self.control.listing(MAX_JOBS, paused)
         instances = self.store.instances() if self.store.keeps_registry else []
+        holds = holders({status.job: status.state for status in jobs})
         shown_jobs = []
-        holds: dict[str, list[str]] = {}
         for status in jobs:
             st, counts = status.state, status.stats
             history = self.store.history(status.job, TIMELINE) if st is not None else []
@@ -194,8 +195,6 @@ class Dashboard:
                 "next": _next_slot(status, history, now),
                 "timeline": _timeline(history),
             }
-            if st is not None and st.state in HELD_STATES and st.lease_remaining > 0:
-                holds.setdefault(st.owner, []).append(status.job)
             shown_jobs.append(row)
         return {
             "namespace": self.store.namespace,
@@ -213,7 +212,7 @@ class Dashboard:
                     "version": r.info.get("version"),
                     "jobs": r.info.get("jobs"),
                     "seen": r.age,
-                    "holds": sorted(holds.get(r.instance, [])),
+                    "holds": holds.get(r.instance, []),
                 }
                 for r in sorted(instances, key=lambda r: r.instance)
             ],
@@ -223,8 +222,6 @@ class Dashboard:
 def _next_slot(status: Any, history: list[RunRecord], now: float) -> dict[str, Any] | None:
     """The job's next slot: from its stored schedule, else estimated from its recent slots."""
     if status.defined is not None:
-        from datetime import datetime, timezone
-
         nxt = status.defined.schedule().next_after(datetime.fromtimestamp(now, timezone.utc))
         return {"at": nxt.timestamp(), "estimated": False}
     slots = sorted({r.slot_ms for r in history}, reverse=True)
