@@ -1,34 +1,34 @@
-"""libSQL: a sqld server (or Turso) reached over HTTP with the ``libsql`` client.
+"""libSQL: a sqld server (or Turso) reached over HTTP (Hrana, in ``_hrana``).
 
 URL: ``http://host:port`` for a plain sqld, ``https://...`` or ``libsql://...``
 for TLS (Turso); an auth token may be given as ``?authToken=...`` or the
 ``auth_token=`` option, and is never printed.
 
 The statements are the SQLite store's, shared in ``_sql``: the server runs
-SQLite, each step is one statement in its own ``BEGIN IMMEDIATE`` transaction
-(sqld keeps it on one stream), the history follows by triggers, and lease
-expiry is judged by the server's ``julianday('now')``. Unlike a local SQLite
-file, instances on many machines can share one sqld.
+SQLite; each write step is one request holding its whole ``BEGIN IMMEDIATE``
+transaction (``_write``), reads run on one stream; the history follows by
+triggers, and lease expiry is judged by the server's ``julianday('now')``.
+Unlike a local SQLite file, instances on many machines can share one sqld.
+Every socket operation waits at most ``timeout`` seconds.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
-
-import libsql
 
 from ..durations import store_timeout
 from ..errors import ConfigurationError
 from ..urls import redact, url_options
-from .sqlite import SQLDialectStore
+from ._hrana import HranaConnection, HranaError
+from .sqlite import Rows, SQLDialectStore
 
 
 class LibSQLStore(SQLDialectStore):
     """The store contract on a libSQL server."""
 
-    # The libsql client reports transport and server errors as ValueError ("Hrana: ...").
-    _unavailable = (ValueError,)
+    _unavailable = (HranaError,)
 
     def __init__(
         self,
@@ -60,20 +60,29 @@ class LibSQLStore(SQLDialectStore):
         plain = urlunsplit(parts._replace(query=""))
         return cls(plain, namespace=namespace, **options)
 
-    def _connect(self) -> Any:
-        return libsql.connect(
-            self.url, isolation_level=None, auth_token=self._auth_token, timeout=self.timeout
-        )
+    def _connect(self) -> HranaConnection:
+        return HranaConnection(self.url, auth_token=self._auth_token, timeout=self.timeout)
+
+    def _write(self, statements: Sequence[tuple[str, dict[str, Any]]]) -> list[Rows]:
+        """The whole transaction in one request (see ``HranaConnection.batch``).
+
+        Not retried on a fresh connection when it fails: it may have run.
+        """
+        with self._guarded():
+            if self._conn is None:
+                self._conn = self._connect()
+            bound = [self._bind(sql, values) for sql, values in statements]
+            return [Rows(rows, count) for rows, count in self._conn.batch(bound)]
 
     def _begin(self, write: bool) -> Any:
         reused = self._conn is not None
         try:
             return super()._begin(write)
-        except ValueError:
+        except HranaError:
             if not reused:
                 raise
-            # sqld closes idle streams: one retry on a fresh connection, since a
-            # failed BEGIN had no effect.
+            # A server closes idle connections: one retry on a fresh connection,
+            # since a failed BEGIN had no effect.
             self._drop_connection()
             return super()._begin(write)
 

@@ -336,7 +336,7 @@ def test_postgres_read_only_neither_drops_a_finished_run_nor_runs_it_again(
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("kind", ["redis", "postgres", "nats"])
+@pytest.mark.parametrize("kind", ["redis", "postgres", "nats", "libsql"])
 def test_runner_behind_a_silent_link_sees_run_lost_before_the_takeover(
     kind: str, request: pytest.FixtureRequest
 ) -> None:

@@ -250,10 +250,8 @@ def _racer_process(url: str, namespace: str, key: str, value: str | None, barrie
 class _Racers:
     """``RACERS`` editors of one namespace, each with a store object of its own.
 
-    Threads, each with its own store (its own connection), except on libSQL:
-    its client holds the GIL while it waits for the server, so a thread waiting
-    for the write lock stops the thread that holds it until sqld times the
-    transaction out. There each editor is a process with its own connection.
+    Threads, each with its own store (its own connection); on libSQL each
+    editor is a process with its own connection, as instances are.
     """
 
     def __init__(self, kind: str, store_url: str, make_store: StoreFactory) -> None:

@@ -589,9 +589,7 @@ def test_no_claim_begun_after_pause_returned_wins(
     Every claim begun after ``pause()`` returned answers paused; those begun
     before may still win. Nothing a paused claim did shows: each job's token
     counts its wins exactly. Each claimer is a process with its own store
-    object (threads for the memory store, which lives in one process; the
-    libsql client holds the GIL while it waits on the server, so its store
-    objects cannot wait on each other's locks from threads of one process).
+    object (threads for the memory store, which lives in one process).
     """
     pauser, claimers = lease_store, 3
     jobs = [f"job{i}" if target == "namespace" else "hot" for i in range(claimers)]
