@@ -192,6 +192,12 @@ SELECT job, slot_ms, owner, attempt, token, state, lease_until - {NOW}
 FROM anarchon_jobs WHERE namespace = ? AND job IN ({{marks}})
 """
 
+#: One job's record, by name (for a batch of named-parameter statements).
+READ = f"""
+SELECT job, slot_ms, owner, attempt, token, state, lease_until - {NOW}
+FROM anarchon_jobs WHERE namespace = :ns AND job = :job
+"""
+
 HISTORY_SELECT = """
 SELECT job, slot_ms, attempt, token, owner, state, started_at, ended_at
 FROM anarchon_runs WHERE namespace = ? AND job = ? ORDER BY token DESC LIMIT ?

@@ -18,7 +18,7 @@ import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import unquote, urlsplit
 
 from ..durations import store_timeout
@@ -41,6 +41,13 @@ from ._lock import CallLock
 
 #: Largest number of job names per ``IN (...)`` list.
 _CHUNK = 500
+
+
+class Rows(NamedTuple):
+    """One statement's answer: the rows it returned, and how many rows it changed."""
+
+    rows: list[Any]
+    changed: int
 
 
 def _statement(change: Change) -> tuple[str, dict[str, Any]]:
@@ -90,24 +97,45 @@ class SQLDialectStore(Store):
         return self._conn
 
     @contextmanager
-    def _transaction(self, write: bool = True) -> Iterator[Any]:
+    def _guarded(self) -> Iterator[None]:
+        """Hold the connection (set up first); its errors become ``StoreUnavailable``."""
         with self._calls.held():
             try:
                 if not self._ready:
                     self._setup(self._begin(True))
-                conn = self._begin(write)
-                try:
-                    yield conn
-                except BaseException:
-                    conn.rollback()
-                    raise
-                conn.commit()
+                yield
             except self._unavailable as exc:
                 self._drop_connection()
                 said = str(exc)
                 for secret in self._secrets:  # a server's message may quote a token
                     said = scrub(said, secret)
                 raise StoreUnavailable(f"{type(self).__name__}: {said}") from exc
+
+    @contextmanager
+    def _transaction(self, write: bool = True) -> Iterator[Any]:
+        with self._guarded():
+            conn = self._begin(write)
+            try:
+                yield conn
+            except BaseException:
+                conn.rollback()
+                raise
+            conn.commit()
+
+    def _write(self, statements: Sequence[tuple[str, dict[str, Any]]]) -> list[Rows]:
+        """Run ``_sql``'s named-parameter ``statements`` in one write transaction.
+
+        Each statement's rows (fetched before the commit, as ``RETURNING``
+        needs) and count of rows changed. A store that can send the whole
+        transaction at once (libSQL) overrides this.
+        """
+        with self._transaction() as conn:
+            answers = []
+            for sql, values in statements:
+                cursor = self._run(conn, sql, **values)
+                rows = cursor.fetchall()
+                answers.append(Rows(rows, int(cursor.rowcount)))
+            return answers
 
     def _drop_connection(self) -> None:
         conn, self._conn = self._conn, None
@@ -116,55 +144,53 @@ class SQLDialectStore(Store):
             with contextlib.suppress(Exception):
                 conn.close()
 
-    def _run(self, conn: Any, sql: str, **values: Any) -> Any:
-        """Execute one of ``_sql``'s named-parameter statements for this namespace.
-
-        Parameters are bound by position: the libsql client takes no names.
-        """
+    def _bind(self, sql: str, values: dict[str, Any]) -> tuple[str, tuple[Any, ...]]:
+        """One of ``_sql``'s named-parameter statements for this namespace, bound by position."""
         text, names = _sql.positional(sql)
         params = {"ns": self.namespace, **values}
-        return conn.execute(text, tuple(params[name] for name in names))
+        return text, tuple(params[name] for name in names)
 
-    def _read(self, conn: Any, job: str) -> JobState | None:
-        row = conn.execute(_sql.SELECT.format(marks="?"), (self.namespace, job)).fetchone()
-        return self._job_state(row) if row else None
+    def _run(self, conn: Any, sql: str, **values: Any) -> Any:
+        """Execute one of ``_sql``'s named-parameter statements for this namespace."""
+        return conn.execute(*self._bind(sql, values))
 
-    def _claim(self, conn: Any, job: str, slot_ms: int, owner: str, lease: float) -> Claim:
-        row = self._run(
-            conn, _sql.CLAIM, job=job, slot=slot_ms, owner=owner, lease=lease
-        ).fetchone()
-        if row is not None:
-            return Claim(ClaimStatus.WON, self._job_state(row))
-        if self._run(conn, _sql.PAUSED, job=job).fetchone():  # the same transaction
-            return Claim(ClaimStatus.PAUSED, self._read(conn, job))
-        return self._lost(slot_ms, self._read(conn, job))
+    @staticmethod
+    def _claim_statements(request: ClaimRequest, owner: str) -> list[tuple[str, dict[str, Any]]]:
+        """A claim, then (in the same transaction) the pause mark and the record it left."""
+        job = request.job
+        claim = {"job": job, "slot": request.slot_ms, "owner": owner, "lease": request.lease}
+        return [(_sql.CLAIM, claim), (_sql.PAUSED, {"job": job}), (_sql.READ, {"job": job})]
+
+    def _claim_answer(self, slot_ms: int, claimed: Rows, paused: Rows, read: Rows) -> Claim:
+        if claimed.rows:
+            return Claim(ClaimStatus.WON, self._job_state(claimed.rows[0]))
+        holder = self._job_state(read.rows[0]) if read.rows else None
+        if paused.rows:
+            return Claim(ClaimStatus.PAUSED, holder)
+        return self._lost(slot_ms, holder)
 
     def claim(self, job: str, slot_ms: int, owner: str, lease: float) -> Claim:
-        with self._transaction() as conn:
-            return self._claim(conn, job, slot_ms, owner, lease)
+        return self.claim_many([ClaimRequest(job, slot_ms, lease)], owner)[0]
 
     def claim_many(self, requests: Sequence[ClaimRequest], owner: str) -> list[Claim]:
-        with self._transaction() as conn:
-            return [self._claim(conn, r.job, r.slot_ms, owner, r.lease) for r in requests]
+        if not requests:
+            return []
+        statements = [s for request in requests for s in self._claim_statements(request, owner)]
+        answers = self._write(statements)
+        return [
+            self._claim_answer(request.slot_ms, *answers[3 * i : 3 * i + 3])
+            for i, request in enumerate(requests)
+        ]
 
     def takeover(self, job: str, slot_ms: int, owner: str, lease: float, seen_token: int) -> Claim:
-        with self._transaction() as conn:
-            row = self._run(
-                conn,
-                _sql.TAKEOVER,
-                job=job,
-                slot=slot_ms,
-                owner=owner,
-                lease=lease,
-                token=seen_token,
-            ).fetchone()
-            if row is not None:
-                return Claim(ClaimStatus.WON, self._job_state(row))
-            return Claim(ClaimStatus.TAKEN, self._read(conn, job))
+        values = {"job": job, "slot": slot_ms, "owner": owner, "lease": lease, "token": seen_token}
+        taken, read = self._write([(_sql.TAKEOVER, values), (_sql.READ, {"job": job})])
+        if taken.rows:
+            return Claim(ClaimStatus.WON, self._job_state(taken.rows[0]))
+        return Claim(ClaimStatus.TAKEN, self._job_state(read.rows[0]) if read.rows else None)
 
     def _change(self, sql: str, **values: Any) -> bool:
-        with self._transaction() as conn:
-            return int(self._run(conn, sql, **values).rowcount) == 1
+        return self._write([(sql, values)])[0].changed == 1
 
     def renew(self, job: str, token: int, lease: float) -> bool:
         return self._change(_sql.RENEW, job=job, token=token, lease=lease)
@@ -179,12 +205,7 @@ class SQLDialectStore(Store):
         """Every change in one transaction."""
         if not changes:
             return []
-        with self._transaction() as conn:
-            answers = []
-            for change in changes:
-                sql, values = _statement(change)
-                answers.append(int(self._run(conn, sql, **values).rowcount) == 1)
-            return answers
+        return [answer.changed == 1 for answer in self._write([_statement(c) for c in changes])]
 
     def _rows_of(self, sql: str, jobs: Iterable[str]) -> list[Any]:
         """The rows of ``sql`` (its ``{marks}`` the jobs' names) for ``jobs``, in chunks."""
@@ -242,15 +263,12 @@ class SQLDialectStore(Store):
     keeps_registry = True
 
     def _announce(self, instance: str, info: str, ttl: float) -> list[InstanceRecord]:
-        with self._transaction() as conn:
-            self._run(conn, _sql.ANNOUNCE, instance=instance, info=info, ttl=ttl)
-            self._run(conn, _sql.EXPIRE)
-            rows = self._run(conn, _sql.INSTANCES).fetchall()
-        return [self._instance_record(row) for row in rows]
+        announce = {"instance": instance, "info": info, "ttl": ttl}
+        *_, live = self._write([(_sql.ANNOUNCE, announce), (_sql.EXPIRE, {}), (_sql.INSTANCES, {})])
+        return [self._instance_record(row) for row in live.rows]
 
     def withdraw(self, instance: str) -> None:
-        with self._transaction() as conn:
-            self._run(conn, _sql.WITHDRAW, instance=instance)
+        self._write([(_sql.WITHDRAW, {"instance": instance})])
 
     def instances(self) -> list[InstanceRecord]:
         with self._transaction(write=False) as conn:

@@ -355,9 +355,10 @@ def test_racing_claimers_get_exactly_one_winner(
     """16 instances race for the same slot, 500 rounds: one winner every round.
 
     Each racer is a process with its own connection (threads for the memory
-    store, which lives in one process).
+    store, which lives in one process). libSQL races with 8: sqld 0.24 stops
+    answering writes when about 16 connections write at once (docs/backends.md).
     """
-    racers, rounds = 16, 500
+    racers, rounds = (8 if kind == "libsql" else 16), 500
     if kind == "memory":
         stores = [make_store() for _ in range(racers)]
         barrier = threading.Barrier(racers, timeout=60)
