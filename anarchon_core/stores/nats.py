@@ -496,11 +496,31 @@ class NatsStore(Store):
         return self._run(lambda: self._cas(job, self._changing(token, 0.0, state)))
 
     def change_many(self, changes: Sequence[Change]) -> list[bool]:
-        """Every change at once on the loop, as :meth:`claim_many`."""
+        """The changes of different jobs at once on the loop; those of one job in order.
+
+        A renewal then a finish of one run, in one batch, is applied as listed.
+        """
+
+        async def in_order(indexes: list[int]) -> list[tuple[int, Any]]:
+            answers: list[tuple[int, Any]] = []
+            for i in indexes:
+                c = changes[i]
+                try:
+                    answer: Any = await self._cas(c.job, self._changing(c.token, c.lease, c.state))
+                except Exception as exc:  # answered as gather(return_exceptions=True) would
+                    answer = exc
+                answers.append((i, answer))
+            return answers
 
         async def batch() -> list[bool]:
-            steps = (self._cas(c.job, self._changing(c.token, c.lease, c.state)) for c in changes)
-            return _each_answered(await asyncio.gather(*steps, return_exceptions=True))
+            by_job: dict[str, list[int]] = {}
+            for i, change in enumerate(changes):
+                by_job.setdefault(change.job, []).append(i)
+            done = await asyncio.gather(*(in_order(ix) for ix in by_job.values()))
+            answers: list[Any] = [None] * len(changes)
+            for i, answer in (pair for group in done for pair in group):
+                answers[i] = answer
+            return _each_answered(answers)
 
         return self._run(batch) if changes else []
 

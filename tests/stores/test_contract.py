@@ -426,6 +426,26 @@ def test_change_many_hands_off_then_finishes_in_one_batch(store: Store) -> None:
         assert state is not None and state.state is RunState.DONE
 
 
+def test_change_many_applies_the_changes_of_one_job_in_the_order_listed(
+    lease_store: Store,
+) -> None:
+    """40 runs, each renewed then finished in one batch: never finished first.
+
+    A store that runs a batch's steps together must still run one job's
+    steps one after the other; a finish applied before the renewal would
+    refuse the renewal (the run already ended).
+    """
+    store = lease_store
+    holders = [_claimed(store, f"j{i:02}") for i in range(40)]
+    changes = []
+    for holder in holders:
+        changes.append(Change(holder.job, holder.token, RunState.RUNNING, 10))
+        changes.append(Change(holder.job, holder.token, RunState.DONE))
+    assert store.change_many(changes) == [True] * 80
+    states = store.states([h.job for h in holders])
+    assert {state.state for state in states.values()} == {RunState.DONE}
+
+
 def test_a_change_to_lost_or_abandoned_is_refused() -> None:
     for state in (RunState.LOST, RunState.ABANDONED):
         with pytest.raises(ValueError, match=state.value):
