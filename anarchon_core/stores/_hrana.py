@@ -76,6 +76,12 @@ def _value(cell: dict[str, Any]) -> Any:
     raise HranaError(f"libSQL: unexpected value type {kind!r} in an answer")
 
 
+def _rows(result: dict[str, Any]) -> tuple[list[tuple[Any, ...]], int]:
+    """A statement result's rows, and how many rows it changed."""
+    rows = [tuple(_value(cell) for cell in row) for row in result["rows"]]
+    return rows, int(result.get("affected_row_count") or 0)
+
+
 class HranaConnection:
     """One HTTP connection to a sqld server; see the module docstring."""
 
@@ -92,14 +98,8 @@ class HranaConnection:
 
     def _connection(self) -> http.client.HTTPConnection:
         if self._http is None:
-            if self._tls:
-                self._http = http.client.HTTPSConnection(
-                    self._host, self._port, timeout=self.timeout
-                )
-            else:
-                self._http = http.client.HTTPConnection(
-                    self._host, self._port, timeout=self.timeout
-                )
+            kind = http.client.HTTPSConnection if self._tls else http.client.HTTPConnection
+            self._http = kind(self._host, self._port, timeout=self.timeout)
         return self._http
 
     def _pipeline(self, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -134,6 +134,11 @@ class HranaConnection:
             raise self._error("the server's answer is not a Hrana pipeline answer") from None
         return results
 
+    def _refused(self, error: Any, what: str) -> HranaError:
+        """The server's ``error`` of a request or step, saying its message, else ``what``."""
+        said = error.get("message") if isinstance(error, dict) else None
+        return self._error(str(said or what))
+
     def _error(self, said: str) -> HranaError:
         """An error saying ``said`` (a server's text may quote the token: never shown)."""
         return HranaError(f"libSQL: {scrub(said, self._auth_token)}")
@@ -148,15 +153,11 @@ class HranaConnection:
         stmt = {"sql": sql, "args": [_arg(v) for v in params], "want_rows": True}
         (result,) = self._pipeline([{"type": "execute", "stmt": stmt}])
         if result.get("type") != "ok":
-            error = result.get("error") or {}
-            raise self._error(str(error.get("message", "the statement failed")))
+            raise self._refused(result.get("error"), "the statement failed")
         try:
-            answer = result["response"]["result"]
-            rows = [tuple(_value(cell) for cell in row) for row in answer["rows"]]
-            count = int(answer.get("affected_row_count") or 0)
+            return Cursor(*_rows(result["response"]["result"]))
         except (KeyError, TypeError, ValueError):
             raise self._error("the server's answer is not a statement result") from None
-        return Cursor(rows, count)
 
     def batch(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[tuple[list[Any], int]]:
         """Run ``statements`` in one write transaction, sent as one request.
@@ -182,23 +183,16 @@ class HranaConnection:
         )
         self._baton = None
         if result.get("type") != "ok":
-            error = result.get("error") or {}
-            raise self._error(str(error.get("message", "the batch failed")))
+            raise self._refused(result.get("error"), "the batch failed")
         try:
             answer = result["response"]["result"]
             outcomes, errors = answer["step_results"], answer["step_errors"]
             for error in errors[: commit + 1]:
                 if error:
-                    raise self._error(str(error.get("message", "a statement failed")))
+                    raise self._refused(error, "a statement failed")
             if outcomes[commit] is None:
                 raise self._error("the batch was not committed")
-            return [
-                (
-                    [tuple(_value(cell) for cell in row) for row in outcome["rows"]],
-                    int(outcome.get("affected_row_count") or 0),
-                )
-                for outcome in outcomes[1:commit]
-            ]
+            return [_rows(outcome) for outcome in outcomes[1:commit]]
         except (KeyError, TypeError, ValueError, IndexError):
             raise self._error("the server's answer is not a batch result") from None
 
@@ -209,8 +203,7 @@ class HranaConnection:
         self._baton = None
         for result in results:
             if result.get("type") != "ok":
-                error = result.get("error") or {}
-                raise self._error(str(error.get("message", f"{sql} failed")))
+                raise self._refused(result.get("error"), f"{sql} failed")
 
     def commit(self) -> None:
         self._end("COMMIT")

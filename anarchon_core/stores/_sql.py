@@ -187,14 +187,16 @@ WHERE namespace = :ns AND job = :job AND token = :token
   AND (state IN {_HELD_STATES} OR state = :state)
 """
 
+_RECORD = f"SELECT job, slot_ms, owner, attempt, token, state, lease_until - {NOW}"
+
 SELECT = f"""
-SELECT job, slot_ms, owner, attempt, token, state, lease_until - {NOW}
+{_RECORD}
 FROM anarchon_jobs WHERE namespace = ? AND job IN ({{marks}})
 """
 
 #: One job's record, by name (for a batch of named-parameter statements).
 READ = f"""
-SELECT job, slot_ms, owner, attempt, token, state, lease_until - {NOW}
+{_RECORD}
 FROM anarchon_jobs WHERE namespace = :ns AND job = :job
 """
 
