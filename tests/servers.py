@@ -96,6 +96,22 @@ def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
     raise RuntimeError(f"{what} did not come up within {timeout}s")
 
 
+def freeze(pid: int) -> None:
+    """SIGSTOP ``pid`` and return once every thread of it has stopped.
+
+    ``kill`` only queues the signal: a loaded machine may let the server answer
+    one more request before it stops.
+    """
+    os.kill(pid, signal.SIGSTOP)
+
+    def stopped() -> bool:
+        tasks = Path(f"/proc/{pid}/task")
+        states = [(t / "stat").read_text().rsplit(")", 1)[1].split()[0] for t in tasks.iterdir()]
+        return all(state in ("T", "t") for state in states)
+
+    wait_until(stopped, 10, f"process {pid} to stop")
+
+
 def as_postgres_user(argv: list[str]) -> list[str]:
     """PostgreSQL refuses to run as root: run it as the postgres user then."""
     if os.geteuid() == 0:

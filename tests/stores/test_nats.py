@@ -239,7 +239,7 @@ def test_a_server_restart_keeps_the_record_and_the_store_recovers() -> None:
     try:
         holder = store.claim("job", SLOT, "a", 30).holder
         assert server.proc is not None
-        os.kill(server.proc.pid, signal.SIGSTOP)  # a hung server: requests time out
+        servers.freeze(server.proc.pid)  # a hung server: requests time out
         try:
             started = time.monotonic()
             with pytest.raises(StoreUnavailable):

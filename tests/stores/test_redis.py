@@ -244,7 +244,7 @@ def test_server_restart_and_freeze(own_server: servers.ServerProcess) -> None:
         assert again.won and again.holder is not None and again.holder.token == 1
         # A frozen server: the operation times out instead of hanging.
         assert own_server.proc is not None
-        os.kill(own_server.proc.pid, signal.SIGSTOP)
+        servers.freeze(own_server.proc.pid)
         try:
             started = time.monotonic()
             with pytest.raises(StoreUnavailable):

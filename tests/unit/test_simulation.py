@@ -20,7 +20,7 @@ from anarchon_core.scheduler import Scheduler
 from tests.sim import FAULTS, Chaos, Violation, main
 
 #: Seeds CI runs, in chunks that run in parallel.
-CHUNKS = [range(k, k + 8) for k in range(0, 40, 8)]
+CHUNKS = [range(k, k + 4) for k in range(0, 40, 4)]
 
 
 @pytest.mark.parametrize("seeds", CHUNKS, ids=lambda r: f"seeds{r.start}-{r.stop - 1}")
