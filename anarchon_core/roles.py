@@ -4,13 +4,12 @@ Per job, :class:`JobRuntime` holds what this instance knows: the next slot it
 will claim, the :class:`Runner` of a slot it won and the :class:`Backup` of a
 slot another instance runs. Their methods decide from what the store
 answered and from the time they are given; the engine
-(:class:`~anarchon_core.scheduler.Scheduler`) asks the store and acts.
+(:mod:`anarchon_core.engine`) asks the store and acts.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
@@ -137,6 +136,7 @@ class JobRuntime:
         "_claim_at",
         "_following",
         "_runner",
+        "broken",
         "deferred",
         "job",
         "next_slot",
@@ -178,6 +178,9 @@ class JobRuntime:
         self.refused = False
         #: A batch about this job failed on every item, and failed the step.
         self.suspect = False
+        #: A store call about this job raised a bug (see
+        #: :mod:`anarchon_core.engine.gateway`): no call about it is made any more.
+        self.broken: Exception | None = None
 
     @property
     def claim_at(self) -> float:
@@ -283,15 +286,6 @@ class JobRuntime:
         """
         held = self.runner is not None and self.runner.run.token == holder.token
         return not held and holder.state not in ENDED
-
-    def deadlines(self, now: float, now_mono: float) -> Iterator[float]:
-        """Seconds until each thing due for this job: its claim, backup check, renewal."""
-        if self.next_slot is not None:
-            yield self.claim_at - now
-        if self.backup is not None:
-            yield self.backup.next_check - now_mono
-        if self.runner is not None and not self.runner.run.lost:
-            yield self.runner.next_renew - now_mono
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,8 @@ from __future__ import annotations
 import pytest
 
 from anarchon_core import jobs
-from anarchon_core.scheduler import Scheduler
+from anarchon_core.engine.backups import Backups
+from anarchon_core.engine.loop import Loop
 from tests.sim import FAULTS, Chaos, Violation, main
 
 #: Seeds CI runs, in chunks that run in parallel.
@@ -61,17 +62,17 @@ def test_a_runner_holding_past_its_lease_is_caught_with_its_replay(
 
 def test_a_backup_that_never_takes_over_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """(c): slots whose runner was killed are never run again."""
-    monkeypatch.setattr(Scheduler, "_take_over", lambda self, rt, record: None)
+    monkeypatch.setattr(Backups, "_take_over", lambda self, rt, record: None)
     assert "(c)" in first_violation(["kill"])
 
 
 def test_a_scheduling_step_that_raises_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """(d): the step lets a server error escape, as the engine once did."""
 
-    def escape(self: Scheduler, exc: Exception) -> None:
+    def escape(self: Loop, exc: Exception) -> float:
         raise exc
 
-    monkeypatch.setattr(Scheduler, "_store_failed", escape)
+    monkeypatch.setattr(Loop, "_failed", escape)
     assert "(d)" in first_violation(["errors"])
 
 

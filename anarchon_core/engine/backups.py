@@ -1,0 +1,75 @@
+"""Backups: check the leases of slots other instances run, and take lapsed ones over.
+
+A backup reads its slot's record every ``watch`` seconds (and before the
+job's next slot is claimed); :meth:`Backup.verdict
+<anarchon_core.roles.Backup.verdict>` decides from the record alone, and a
+slot whose lease lapsed or was released is taken over as its next attempt.
+The takeover's answer is acted on like any claim's (:class:`.claims.Answers`).
+"""
+
+from __future__ import annotations
+
+from ..events import EventKind
+from ..roles import JobRuntime, Verdict
+from ..slots import Slot
+from ..store import JobState, RunState
+from .claims import Answers, Ask
+from .context import Context
+
+
+class Backups:
+    """Checks the backed-up leases due, in one read, and takes lapsed slots over."""
+
+    def __init__(self, ctx: Context, answers: Answers) -> None:
+        self._ctx = ctx
+        self._answers = answers
+
+    def check(self, now_mono: float, due: list[JobRuntime]) -> None:
+        """Check the leases of the slots this instance backs up.
+
+        Those due for a check, and those of the jobs ``due`` to be claimed (a
+        released older slot must not be superseded unseen).
+        """
+        table = self._ctx.table
+        checked = table.checks_due(now_mono)
+        seen = {rt.job.name for rt in checked}
+        checked += [rt for rt in due if rt.backup is not None and rt.job.name not in seen]
+        if not checked:
+            return
+        try:
+            self._verdicts(checked, now_mono)
+        finally:
+            table.checks_moved(checked)
+
+    def _verdicts(self, checked: list[JobRuntime], now_mono: float) -> None:
+        """Read the records ``checked`` back up, and act on each verdict."""
+        gateway = self._ctx.gateway
+        states = gateway.per_job(checked, checked, gateway.states)
+        for rt, record in zip(checked, states, strict=True):
+            backup = rt.backup
+            if backup is None or isinstance(record, Exception):  # removed, or checked later
+                continue
+            verdict = backup.verdict(record, now_mono, rt.options)
+            if verdict is Verdict.DROP:
+                rt.backup = None
+            elif verdict is Verdict.MISSED:
+                assert record is not None
+                rt.backup = None
+                detail = "handed off but never picked up; not sent again"
+                self._ctx.emit(
+                    EventKind.MISSED, slot=backup.slot, attempt=record.attempt, detail=detail
+                )
+            elif verdict is Verdict.TAKE_OVER:
+                assert record is not None
+                self._take_over(rt, record)
+
+    def _take_over(self, rt: JobRuntime, record: JobState) -> None:
+        """Take ``record``'s slot over (compare-and-set on its token), as its next attempt."""
+        ctx, job = self._ctx, rt.job
+        sent = ctx.clock.monotonic()
+        claim = ctx.gateway.store.takeover(
+            job.name, record.slot_ms, ctx.instance, job.options.lease, record.token
+        )
+        how = "hand-over" if record.state is RunState.RELEASED else "lease lapsed"
+        slot = Slot.from_ms(job.name, record.slot_ms)
+        self._answers.act(rt, slot, claim, sent, Ask.TAKEOVER, EventKind.TAKEOVER, how)

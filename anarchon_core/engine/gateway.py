@@ -1,0 +1,189 @@
+"""The store as the engine calls it: what it can do, and its batch calls' answers per job.
+
+A batch call answers item by item. Three things can go wrong, and each is
+handled once, here:
+
+- an **outage** of the whole call (:class:`~anarchon_core.StoreUnavailable`)
+  fails the step, which is retried after a back-off;
+- a **refusal** of some items (:class:`~anarchon_core.BatchRefused`, whose
+  ``answers`` hold each item's value or exception, or an error of the store
+  other than a bug, which is then retried item by item) fails those jobs
+  alone, reported once as ``store_refused``; when every item failed alike,
+  the step fails as for an outage, once;
+- a **bug** (:data:`BUGS`: an error of code, not of I/O) is neither: it is
+  logged at ERROR with its traceback, and the job concerned is left alone
+  here (no store call about it any more) until it is declared again. No
+  event kind fits a bug, and retrying it would only repeat it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
+
+from ..errors import BatchRefused, StoreUnavailable
+from ..events import Emitter, EventKind
+from ..store import Change, Claim, ClaimRequest, JobState, Store
+
+if TYPE_CHECKING:
+    from ..roles import JobRuntime
+    from ..slots import Slot
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+#: Errors of code, whoever raised them: never an answer of the store, never retried.
+#: Any other error (a driver's, a server's) counts as today: an outage or a refusal.
+BUGS: tuple[type[BaseException], ...] = (
+    TypeError,
+    AttributeError,
+    LookupError,
+    AssertionError,
+    NameError,
+)
+
+
+def is_bug(exc: BaseException) -> bool:
+    """Whether ``exc`` is a programming error rather than the store's answer or outage."""
+    return isinstance(exc, BUGS)
+
+
+def describe(exc: BaseException) -> str:
+    """An error in one line: its message, with its type when that says more."""
+    if isinstance(exc, StoreUnavailable):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"
+
+
+class Gateway:
+    """The store, and what it can do, read once (the parts ask these, not the store)."""
+
+    def __init__(self, store: Store, emit: Emitter, instance: str) -> None:
+        self.store = store
+        self._emit = emit
+        self._instance = instance
+        #: The store keeps leases: runs are renewed, released and taken over.
+        self.leases = store.supports_lease
+        #: The store keeps a registry of live instances (cleared once it proves unusable).
+        self.registry = store.keeps_registry
+        #: The store keeps control entries (cleared once they prove unusable).
+        self.controls = store.keeps_controls
+        #: Leases are judged by an observer's clock: an old running record may look live.
+        self.by_observation = store.leases_by_observation
+
+    def claim_slots(self, due: list[tuple[JobRuntime, Slot]]) -> list[Claim]:
+        """One batch of claims, each of a job's slot, for its lease."""
+        requests = [ClaimRequest(rt.job.name, slot.ms, rt.options.lease) for rt, slot in due]
+        return self.store.claim_many(requests, self._instance)
+
+    def states(self, jobs: list[JobRuntime]) -> list[JobState | None]:
+        """The store's record of each job, in one read."""
+        states = self.store.states(rt.job.name for rt in jobs)
+        return [states.get(rt.job.name) for rt in jobs]
+
+    def per_job(
+        self, jobs: list[JobRuntime], items: list[T], call: Callable[[list[T]], list[R]]
+    ) -> list[R | Exception]:
+        """``call(items)`` (item i about ``jobs[i]``) in one batch; each job's answer.
+
+        A job's answer is an exception when its item failed: refused, or
+        broken by a bug. A job left alone after a bug is not sent again; its
+        bug is its answer. An outage raises, as does a batch in which every
+        item was refused alike, once (see the module's docstring).
+        """
+        broken = [rt.broken for rt in jobs]
+        if not any(broken):
+            return self._answers(jobs, items, call)
+        sent = [i for i, bug in enumerate(broken) if bug is None]
+        answered: list[R | Exception] = self._answers(
+            [jobs[i] for i in sent], [items[i] for i in sent], call
+        )
+        answers = iter(answered)
+        results: list[R | Exception] = []
+        for bug in broken:
+            results.append(bug if bug is not None else next(answers))
+        return results
+
+    def _answers(
+        self, jobs: list[JobRuntime], items: list[T], call: Callable[[list[T]], list[R]]
+    ) -> list[R | Exception]:
+        if not items:
+            return []
+        results: list[R | Exception]
+        try:
+            results = list(call(items))
+        except StoreUnavailable:
+            raise
+        except BatchRefused as partial:  # each item answered: the refused ones fail alone
+            results = partial.answers
+        except Exception as batch:  # applied whole or not at all: each on its own
+            results = [batch] if len(items) == 1 else self._one_by_one(items, call)
+        refusals = []
+        for rt, result in zip(jobs, results, strict=True):
+            if isinstance(result, Exception) and is_bug(result):
+                self._broken(rt, result)
+            else:
+                refusals.append((rt, result))
+        failed = [result for _, result in refusals if isinstance(result, Exception)]
+        if (
+            failed
+            and len(failed) == len(refusals)
+            and not all(rt.refused or rt.suspect for rt, _ in refusals)
+        ):
+            # Every item failed alike: a failure of the store, reported as such.
+            # Should these jobs fail alike again, they fail alone.
+            for rt, _ in refusals:
+                rt.suspect = True
+            raise failed[0]
+        for rt, result in refusals:
+            if isinstance(result, Exception) and not rt.refused:
+                self._emit(EventKind.STORE_REFUSED, job=rt.job.name, detail=describe(result))
+            rt.refused = isinstance(result, Exception)
+            rt.suspect = False
+        return results
+
+    @staticmethod
+    def _one_by_one(items: list[T], call: Callable[[list[T]], list[R]]) -> list[R | Exception]:
+        results: list[R | Exception] = []
+        for item in items:
+            try:
+                results.extend(call([item]))
+            except StoreUnavailable:
+                raise
+            except BatchRefused as refused:
+                results.extend(refused.answers)
+            except Exception as exc:
+                results.append(exc)
+        return results
+
+    def _broken(self, rt: JobRuntime, bug: Exception) -> None:
+        """Leave ``rt``'s job alone after ``bug``: logged once, with its traceback."""
+        if rt.broken is None:
+            log.error(
+                "anarchon: a store call about job %s raised a bug; the job is left alone"
+                " here until it is declared again",
+                rt.job.name,
+                exc_info=bug,
+            )
+        rt.broken = bug
+
+    def hand_over(self, releases: list[Change]) -> tuple[list[bool | Exception], bool]:
+        """Send ``releases`` in one batch, whatever fails: each one's answer, and whether
+        the store could be reached at all."""
+        try:
+            return list(self.store.change_many(releases)), True
+        except StoreUnavailable as exc:
+            return [exc] * len(releases), False
+        except BatchRefused as partial:  # the others went through
+            return partial.answers, True
+        except Exception:  # a refusal of one: each is handed over on its own
+            answers: list[bool | Exception] = []
+            for release in releases:
+                try:
+                    answers.append(self.store.change_many([release])[0])
+                except Exception as exc:
+                    answers.append(exc)
+            return answers, True

@@ -1,0 +1,351 @@
+"""Runs: a slot won begins, its handler executes, its lease is renewed, its end recorded.
+
+Handlers run on pooled threads (or inline, for handlers that only dispatch
+work) and report back through a queue of
+:class:`~anarchon_core.roles.Completion`; the step records every end in one
+batch, and renews every lease due in one batch. On stop, the runs held are
+handed over (released) for backups to take at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import queue
+import threading
+from typing import Any
+
+from ..clock import Task
+from ..errors import BatchRefused, DispatchFailed, LeaseLost
+from ..events import EventKind
+from ..jobs import Run
+from ..roles import Backup, Completion, JobRuntime, Runner
+from ..slots import Slot, shown
+from ..store import Change, JobState, RunState
+from .context import Context
+from .gateway import describe
+
+log = logging.getLogger(__name__)
+
+#: The longest wait between two attempts to dispatch a slot the broker refused: a
+#: broker back for this long plus ``watch`` within the catch-up window gets the slot.
+DISPATCH_RETRY_MAX = 2.0
+
+
+def dispatch_retry_after(attempt: int, watch: float) -> float:
+    """Seconds before the next attempt of a slot whose ``attempt``-th dispatch failed."""
+    return float(min(DISPATCH_RETRY_MAX, watch * 2.0 ** min(attempt - 1, 16)))
+
+
+class Runs:
+    """The runs this instance holds: begun, executed, renewed, finished, handed over.
+
+    ``wake`` is set when a handler returns, so that the loop records its end
+    at once; ``inline`` runs handlers in the scheduling thread.
+    """
+
+    def __init__(self, ctx: Context, wake: threading.Event, inline: bool) -> None:
+        self._ctx = ctx
+        self._wake = wake
+        self._inline = inline
+        self._done: queue.SimpleQueue[Completion] = queue.SimpleQueue()
+        self._threads: list[Task] = []
+        self._pruned_at = 0
+
+    # -- beginning and executing ---------------------------------------------
+
+    def begin(self, rt: JobRuntime, slot: Slot, holder: JobState, sent: float) -> None:
+        """Become the runner of ``slot``, whose lease ``holder`` grants, and run its handler.
+
+        ``sent`` is when the claim or takeover was sent: the lease is held from
+        then, by this instance's clock. A run this instance still held for an
+        older slot of the job is told it lost (its own lease lapsed, or the new
+        claim could not have won).
+        """
+        ctx = self._ctx
+        store, token, key = ctx.gateway.store, holder.token, rt.job.name
+        slot = shown(slot)  # a backfill's slot runs as its job's
+        run = Run.of(
+            slot,
+            attempt=holder.attempt,
+            token=token,
+            instance=ctx.instance,
+            dispatch=lambda lease: store.dispatch(key, token, lease),
+            monotonic=ctx.clock.monotonic,
+            key=key if key != slot.job else None,
+        )
+        previous = rt.runner
+        if previous is not None:
+            previous.run.mark_lost(
+                f"superseded: this instance won {slot.id} (attempt {holder.attempt}) of the job"
+            )
+            if not previous.reported:
+                self.emit_lost(previous)
+        runner = rt.runner = Runner.start(slot, run, sent, rt.options)
+        if run.lost:
+            # The claim's answer came after the lease it granted could be relied on:
+            # the handler does not start; the slot goes back for a backup (this
+            # instance too) to take over as the next attempt.
+            self.emit_lost(runner)
+            rt.runner = None
+            rt.backup = Backup.of_own(runner, ctx.clock.monotonic(), rt.options)
+            try:
+                store.release(key, token)
+            except Exception as exc:  # its lease lapses instead; the claims after it go on
+                log.warning("anarchon: could not give %s back: %s", slot.id, describe(exc))
+            return
+        if self._inline:
+            self._execute(rt, runner)
+            return
+        thread = ctx.clock.spawn(lambda: self._execute(rt, runner), f"anarchon:{run.slot_id}")
+        self._threads.append(thread)
+        if len(self._threads) > 2 * self._pruned_at + 64:
+            self._threads = [t for t in self._threads if t.is_alive()]
+            self._pruned_at = len(self._threads)
+
+    def _execute(self, rt: JobRuntime, runner: Runner) -> None:
+        run, outcome, dispatch_failed = runner.run, RunState.DONE, False
+        interrupted = False
+        try:
+            handler = rt.job.handler
+            result = handler(run) if rt.job.takes_run else handler()
+            if inspect.isawaitable(result):
+                asyncio.run(_await(result))
+        except LeaseLost:
+            # The handler stopped because its run was lost (run.check()): not a failure.
+            # The slot goes back (if the store still has it) for a backup to run.
+            outcome, interrupted = RunState.RELEASED, True
+        except DispatchFailed as exc:
+            outcome, dispatch_failed = RunState.FAILED, True
+            log.warning(
+                "anarchon: could not dispatch %s attempt %d: %s", run.slot_id, run.attempt, exc
+            )
+        except BaseException:  # even SystemExit: the run must end, not hold its lease forever
+            outcome = RunState.FAILED
+            log.exception(
+                "anarchon: job %s failed (%s attempt %d)", run.job, run.slot_id, run.attempt
+            )
+        ended_at = self._ctx.clock.time()
+        self._done.put(Completion(rt, runner, outcome, dispatch_failed, interrupted, ended_at))
+        self._wake.set()
+
+    def join(self, deadline: float) -> None:
+        """Wait for the handlers still running until ``deadline`` (monotonic)."""
+        for thread in list(self._threads):
+            thread.join(max(0.0, deadline - self._ctx.clock.monotonic()))
+
+    # -- renewing ------------------------------------------------------------
+
+    def renew(self, now_mono: float) -> None:
+        """Renew the leases due, in one batch.
+
+        A run is held until its deadline: the moment its last accepted renewal
+        was sent, plus the lease less a safety margin. A renewal that fails
+        leaves the deadline where it was, so the run turns lost on time even
+        if the store never answers.
+        """
+        gateway = self._ctx.gateway
+        if not gateway.leases:
+            return
+        due = [
+            (rt, runner)
+            for rt in self._ctx.table.held()
+            if (runner := rt.runner) is not None
+            and not runner.run.lost
+            and runner.run.handed_off_lease is None
+            and runner.renewal_due(now_mono)
+        ]
+        if not due:
+            return
+        sent = self._ctx.clock.monotonic()
+        for _, runner in due:
+            runner.retry_renewal(sent)
+        renewals = [
+            Change(runner.run.key, runner.run.token, RunState.RUNNING, rt.options.lease)
+            for rt, runner in due
+        ]
+        answers = gateway.per_job([rt for rt, _ in due], renewals, gateway.store.change_many)
+        late: list[Change] = []
+        for (rt, runner), accepted in zip(due, answers, strict=True):
+            run = runner.run
+            if isinstance(accepted, Exception):
+                continue  # tried again at the next step
+            if not accepted:
+                run.mark_lost("renewal refused: another instance took the slot over")
+            elif not runner.renewed(sent, rt.options):
+                # Accepted, but after the run's deadline passed: the handler was told
+                # it lost, so the lease goes back at once for a backup to take over.
+                late.append(Change(run.key, run.token, RunState.RELEASED))
+        if late:
+            with contextlib.suppress(BatchRefused):  # a refused one lapses instead
+                gateway.store.change_many(late)
+
+    # -- losing --------------------------------------------------------------
+
+    def report_lost(self) -> None:
+        """Report each held run that was lost (deadline passed, told, or refused), once.
+
+        This instance then backs the slot up like any other instance: once the
+        store says its lease ended, it may be taken over (by this instance too)
+        before the job's next slot is claimed.
+        """
+        for rt in self._ctx.table.held():
+            runner = rt.runner
+            if runner is not None and not runner.reported and runner.run.lost:
+                self.emit_lost(runner)
+                if self._ctx.gateway.leases and rt.backup is None and not rt.removed:
+                    rt.backup = Backup.of_own(runner, self._ctx.clock.monotonic(), rt.options)
+
+    def emit_lost(self, runner: Runner) -> None:
+        run = runner.run
+        runner.reported = True
+        self._ctx.emit(
+            EventKind.LOST,
+            slot=runner.slot,
+            attempt=run.attempt,
+            token=run.token,
+            detail=run.lost_reason,
+        )
+
+    # -- finishing -----------------------------------------------------------
+
+    def finish(self) -> None:
+        """Finish the runs whose handler returned or raised, in one batch."""
+        pending = self._completions()
+        if not pending:
+            return
+        for done in pending:
+            if done.runner.run.lost and not done.runner.reported:
+                self.emit_lost(done.runner)
+        ends = [self._end_change(done) for done in pending]
+        sent = [(done, change) for done, (change, _) in zip(pending, ends, strict=True) if change]
+        gateway = self._ctx.gateway
+        try:
+            results = gateway.per_job(
+                [done.runtime for done, _ in sent],
+                [change for _, change in sent],
+                gateway.store.change_many,
+            )
+        except Exception:  # kept until recorded: the step fails and is retried
+            for unrecorded in pending:
+                self._done.put(unrecorded)
+            raise
+        answers = iter(results)
+        for done, (change, retry) in zip(pending, ends, strict=True):
+            answer = True if change is None else next(answers)
+            if isinstance(answer, Exception):
+                self._done.put(done)  # this job's end alone was refused: tried again later
+                continue
+            self._ended(done, answer, retry)
+
+    def _completions(self) -> list[Completion]:
+        """The completions queued so far, oldest slot first (an order threads cannot change)."""
+        pending: list[Completion] = []
+        while True:
+            try:
+                pending.append(self._done.get_nowait())
+            except queue.Empty:
+                break
+        pending.sort(key=lambda d: (d.runner.slot.ms, d.runner.slot.job, d.runner.run.attempt))
+        return pending
+
+    def _end_change(self, done: Completion) -> tuple[Change | None, bool]:
+        """The change recording the end of ``done``'s run (None: nothing to send), and
+        whether it releases the slot for another attempt."""
+        run, rt, leases = done.runner.run, done.runtime, self._ctx.gateway.leases
+        if done.handed_off:
+            return None, False  # it belongs to whoever executes the work now
+        if done.interrupted:
+            # Stopped on losing the run: released if the store still gives it to this
+            # instance, so that a backup runs the slot at once; else already taken over.
+            if not leases:
+                return None, True
+            return Change(run.key, run.token, RunState.RELEASED), True
+        if done.dispatch_failed and leases:
+            lateness = done.ended_at - done.runner.slot.time.timestamp()
+            if not rt.too_late(done.runner.slot, lateness):
+                # Not run, so not failed: the lease is cut to a back-off that doubles
+                # with each attempt, then whoever can reach the broker takes it over.
+                backoff = dispatch_retry_after(run.attempt, rt.options.watch)
+                return Change(run.key, run.token, RunState.RUNNING, backoff), True
+        return Change(run.key, run.token, done.outcome), False
+
+    def _ended(self, done: Completion, finished: bool, retry: bool) -> None:
+        """The store answered the end of ``done``'s run: ``finished`` if it took it."""
+        rt, runner, run = done.runtime, done.runner, done.runner.run
+        if rt.runner is runner:
+            rt.runner = None
+            if (done.handed_off or retry) and not rt.removed:
+                # Whoever executes it may die too, and a slot given back is sent again
+                # by whoever takes it over: back it up like anyone else's run. After
+                # a failed dispatch, the others (who may reach the broker) go first.
+                rt.backup = Backup.of_own(runner, self._ctx.clock.monotonic(), rt.options)
+                if done.dispatch_failed:
+                    rt.backup.next_check += dispatch_retry_after(run.attempt, rt.options.watch)
+            if rt.removed:
+                self._ctx.table.forget(rt)
+        if done.interrupted and not finished:
+            return  # stopped on losing the run, which another instance holds now
+        if finished:
+            self._ctx.emit(
+                done.kind,
+                slot=runner.slot,
+                attempt=run.attempt,
+                token=run.token,
+                detail=self._end_detail(done, retry),
+            )
+        else:
+            run.mark_lost("finish refused: another instance holds the slot")
+            self._ctx.emit(
+                EventKind.FINISH_REFUSED, slot=runner.slot, attempt=run.attempt, token=run.token
+            )
+
+    def _end_detail(self, done: Completion, retry: bool) -> str:
+        """What the event of a recorded end says beyond its kind."""
+        if done.interrupted:
+            return "the handler stopped on losing its lease; released for a backup"
+        if retry:
+            after = dispatch_retry_after(done.runner.run.attempt, done.runtime.options.watch)
+            return f"another attempt in {after:g}s, within the catch-up window"
+        if done.dispatch_failed:
+            return "recorded failed: " + (
+                "its catch-up window has passed"
+                if self._ctx.gateway.leases
+                else "a claim-only store cannot release it"
+            )
+        return ""
+
+    # -- handing over --------------------------------------------------------
+
+    def hand_over(self) -> bool:
+        """Take every held run back from its handler, and release them for backups to take
+        over at once, in one batch. False if the store could not be reached."""
+        held: list[Runner] = []
+        for rt in self._ctx.table.held():
+            runner, rt.runner = rt.runner, None
+            if runner is not None:
+                runner.run.mark_lost("handed over during shutdown")
+                held.append(runner)
+        if not held or not self._ctx.gateway.leases:
+            return True
+        releases = [Change(r.run.key, r.run.token, RunState.RELEASED) for r in held]
+        answers, reached = self._ctx.gateway.hand_over(releases)
+        for runner, released in zip(held, answers, strict=True):
+            if isinstance(released, Exception):  # its lease lapses; a backup takes it over
+                log.warning(
+                    "anarchon: could not hand %s over: %s", runner.run.slot_id, describe(released)
+                )
+            elif released:
+                self._ctx.emit(
+                    EventKind.HANDED_OVER,
+                    slot=runner.slot,
+                    attempt=runner.run.attempt,
+                    token=runner.run.token,
+                )
+        return reached
+
+
+async def _await(awaitable: Any) -> None:
+    await awaitable

@@ -1,0 +1,158 @@
+"""The jobs declared here, and what this instance knows of each, behind the engine's only lock.
+
+The table is the one owner of the jobs' runtimes: declaring, removing and
+looking them up, and taking what is due off the agenda, all happen under its
+lock, so that a job removed from another thread (``remove_job``) while a
+step runs is either still there for the whole lookup or already gone. The
+runtimes' own fields are the step's to change (see :mod:`anarchon_core.roles`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+
+from ..due import Agenda
+from ..errors import ConfigurationError
+from ..jobs import Job
+from ..roles import JobRuntime
+from ..slots import BACKFILL
+
+
+class JobTable:
+    """Each job's :class:`~anarchon_core.roles.JobRuntime` by name, and its agenda."""
+
+    def __init__(self) -> None:
+        #: The only lock of the engine's job state; re-entrant (a listener may declare).
+        self.lock = threading.RLock()
+        self._runtimes: dict[str, JobRuntime] = {}
+        #: Jobs declared and not yet placed on their schedule.
+        self._unplaced: dict[str, JobRuntime] = {}
+        #: What is due for the jobs, so that a step looks at those alone.
+        self.agenda = Agenda()
+        self._seq = itertools.count()
+
+    def add(self, job: Job) -> JobRuntime:
+        """Declare ``job``; a job of that name removed while its last run goes on comes back."""
+        with self.lock:
+            existing = self._runtimes.get(job.name)
+            if existing is None:
+                rt = self._runtimes[job.name] = JobRuntime(job, self.agenda, next(self._seq))
+            elif not existing.removed:
+                raise ConfigurationError(f"duplicate job name {job.name!r}")
+            else:
+                # Removed while its last run goes on: that run keeps its lease under
+                # the new declaration, which schedules the slots after it.
+                rt = existing
+                rt.job, rt.removed, rt.ready, rt.broken = job, False, False, None
+            self._unplaced[job.name] = rt
+            return rt
+
+    def remove(self, name: str) -> None:
+        """Stop scheduling ``name`` (KeyError if unknown); a run going on keeps it until it ends."""
+        with self.lock:
+            rt = self._runtimes[name]
+            rt.removed = True
+            rt.next_slot = rt.backup = None
+            self._unplaced.pop(name, None)
+            if rt.runner is None:
+                del self._runtimes[name]
+
+    def forget(self, rt: JobRuntime) -> None:
+        """Drop a removed job whose last run ended."""
+        with self.lock:
+            if self._runtimes.get(rt.job.name) is rt:
+                del self._runtimes[rt.job.name]
+
+    def get(self, name: str) -> JobRuntime | None:
+        with self.lock:
+            return self._runtimes.get(name)
+
+    def __contains__(self, name: str) -> bool:
+        with self.lock:
+            return name in self._runtimes
+
+    def __len__(self) -> int:
+        with self.lock:
+            return len(self._runtimes)
+
+    def runtimes(self) -> list[JobRuntime]:
+        """Every job's runtime, removed ones with a run going on included."""
+        with self.lock:
+            return list(self._runtimes.values())
+
+    def jobs(self) -> dict[str, Job]:
+        """The jobs declared, by name (backfills left out)."""
+        with self.lock:
+            return {
+                name: rt.job for name, rt in self._runtimes.items() if not name.endswith(BACKFILL)
+            }
+
+    def held(self) -> list[JobRuntime]:
+        """The jobs whose run this instance holds, in the order they were won."""
+        with self.lock:
+            return list(self.agenda.held.values())
+
+    def unplaced(self) -> list[JobRuntime]:
+        """The jobs declared and not placed on their schedule yet."""
+        with self.lock:
+            return [rt for rt in self._unplaced.values() if not rt.ready and not rt.removed]
+
+    def placed(self, rt: JobRuntime) -> None:
+        """``rt`` is placed on its schedule."""
+        with self.lock:
+            rt.ready = True
+            if self._unplaced.get(rt.job.name) is rt:
+                del self._unplaced[rt.job.name]
+
+    def backfill_of(self, rt: JobRuntime) -> JobRuntime:
+        """The runtime of ``rt``'s backfill: a record of its own, with the job as it is now."""
+        with self.lock:
+            name = rt.job.name + BACKFILL
+            fill = self._runtimes.get(name)
+            if fill is None:
+                fill = self._runtimes[name] = JobRuntime(
+                    rt.job.backfill(), self.agenda, next(self._seq)
+                )
+                fill.ready = True
+            else:
+                fill.job = rt.job.backfill()  # the job's handler and options as they are now
+            return fill
+
+    def claims_due(self, now: float) -> list[JobRuntime]:
+        """The jobs whose claim is due at ``now``, taken out of the agenda, in declaration order."""
+        with self.lock:
+            runtimes = self._runtimes
+
+            def claim_at(name: str) -> float | None:
+                rt = runtimes.get(name)
+                return None if rt is None or rt.next_slot is None or rt.removed else rt.claim_at
+
+            names = self.agenda.claims.pop_due(now, claim_at)
+            due = [rt for name in names if (rt := runtimes.get(name)) is not None]
+        due.sort(key=lambda rt: rt.seq)
+        return due
+
+    def checks_due(self, now_mono: float) -> list[JobRuntime]:
+        """The jobs whose backup check is due at ``now_mono``, taken out of the agenda."""
+        with self.lock:
+            runtimes = self._runtimes
+
+            def next_check(name: str) -> float | None:
+                rt = runtimes.get(name)
+                return None if rt is None or rt.backup is None else rt.backup.next_check
+
+            names = self.agenda.checks.pop_due(now_mono, next_check)
+            return [rt for name in names if (rt := runtimes.get(name)) is not None]
+
+    def claims_moved(self, due: list[JobRuntime]) -> None:
+        """Put the claims taken out of the agenda back in, at their time now."""
+        with self.lock:
+            for rt in due:
+                self.agenda.claim_moved(rt)
+
+    def checks_moved(self, checked: list[JobRuntime]) -> None:
+        """Put the backup checks taken out of the agenda back in, at their time now."""
+        with self.lock:
+            for rt in checked:
+                self.agenda.backup_moved(rt)

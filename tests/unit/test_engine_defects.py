@@ -1,0 +1,96 @@
+"""Defects the engine's structure once hid: a job removed mid-step, a bug in a store call."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from anarchon_core import Event, Scheduler
+from anarchon_core.clock import FakeClock
+from anarchon_core.due import DueIndex
+from anarchon_core.store import Change, ClaimRequest
+from anarchon_core.stores.memory import MemoryStore
+
+
+def test_a_job_removed_while_a_step_takes_its_claim_due_is_no_store_outage(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``remove_job`` from another thread, just as the step took the job's claim off
+    the agenda: the step goes on, no outage is reported, and the job is gone."""
+    clock = FakeClock()
+    events: list[Event] = []
+    s = Scheduler(MemoryStore(clock=clock), clock=clock, instance="a", listener=events.append)
+    s.add_job(lambda: None, name="job", every=10, jitter=0)
+    s.run_pending()
+    pop_due = DueIndex.pop_due
+    removers: list[threading.Thread] = []
+
+    def pop_then_remove(index: DueIndex, *args: Any) -> list[str]:
+        names = pop_due(index, *args)
+        if "job" in names and not removers:
+            remover = threading.Thread(target=lambda: s.remove_job("job"))
+            removers.append(remover)
+            remover.start()
+            remover.join(0.2)  # done at once unless the step holds the jobs' lock
+        return names
+
+    monkeypatch.setattr(DueIndex, "pop_due", pop_then_remove)
+    clock.advance(10)
+    s.run_pending()
+    removers[0].join(5)
+    monkeypatch.undo()
+    clock.advance(10)
+    s.run_pending()
+    assert removers and not removers[0].is_alive()
+    assert "job" not in s.jobs
+    assert [e.kind for e in events if e.kind == "store_unavailable"] == []
+
+
+class BuggyStore(MemoryStore):
+    """A store whose calls about one job hit a bug of the store's code (a TypeError)."""
+
+    def __init__(self, bad: str, clock: FakeClock) -> None:
+        super().__init__(clock=clock)
+        self.bad = bad
+        self.calls_about_bad = 0
+
+    def _check(self, names: Iterator[str] | list[str]) -> None:
+        if self.bad in names:
+            self.calls_about_bad += 1
+            raise TypeError("unsupported operand type(s) for +: 'int' and 'NoneType'")
+
+    def claim_many(self, requests: Any, owner: str) -> Any:
+        requests = list(requests)
+        self._check([r.job for r in requests if isinstance(r, ClaimRequest)])
+        return super().claim_many(requests, owner)
+
+    def change_many(self, changes: Any) -> Any:
+        changes = list(changes)
+        self._check([c.job for c in changes if isinstance(c, Change)])
+        return super().change_many(changes)
+
+
+def test_a_bug_in_a_store_call_is_logged_and_its_job_left_alone_not_retried_as_an_outage(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = FakeClock()
+    store = BuggyStore("bad", clock)
+    events: list[Event] = []
+    ran: list[str] = []
+    s = Scheduler(store, clock=clock, instance="a", listener=events.append, inline=True)
+    s.add_job(lambda: ran.append("good"), name="good", every=1, jitter=0)
+    s.add_job(lambda: ran.append("bad"), name="bad", every=1, jitter=0)
+    with caplog.at_level(logging.ERROR, logger="anarchon_core"):
+        for _ in range(20):
+            clock.advance(1)
+            s.run_pending()
+    kinds = {e.kind for e in events}
+    assert "store_unavailable" not in kinds and "store_refused" not in kinds
+    assert "bad" not in ran and ran.count("good") >= 18  # the other job went on
+    bugs = [r for r in caplog.records if r.exc_info and r.exc_info[0] is TypeError]
+    assert len(bugs) == 1 and bugs[0].levelno == logging.ERROR and "bad" in bugs[0].getMessage()
+    assert store.calls_about_bad <= 2  # the batch, then the job alone: never again
