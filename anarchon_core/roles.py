@@ -216,6 +216,12 @@ class JobRuntime:
             self.watcher.runner_moved(self)
 
     @property
+    def watched(self) -> bool:
+        """Whether its slots are still this instance's concern: not removed, not left
+        alone after a bug."""
+        return not self.removed and self.broken is None
+
+    @property
     def options(self) -> JobOptions:
         return self.job.options
 

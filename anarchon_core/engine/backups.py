@@ -65,11 +65,10 @@ class Backups:
 
     def _take_over(self, rt: JobRuntime, record: JobState) -> None:
         """Take ``record``'s slot over (compare-and-set on its token), as its next attempt."""
-        ctx, job = self._ctx, rt.job
-        sent = ctx.clock.monotonic()
-        claim = ctx.gateway.store.takeover(
-            job.name, record.slot_ms, ctx.instance, job.options.lease, record.token
-        )
+        sent = self._ctx.clock.monotonic()
+        claim = self._ctx.gateway.takeover(rt, record)
+        if claim is None:
+            return  # the job is left alone after a bug
         how = "hand-over" if record.state is RunState.RELEASED else "lease lapsed"
-        slot = Slot.from_ms(job.name, record.slot_ms)
+        slot = Slot.from_ms(rt.job.name, record.slot_ms)
         self._answers.act(rt, slot, claim, sent, Ask.TAKEOVER, EventKind.TAKEOVER, how)

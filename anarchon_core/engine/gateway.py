@@ -37,7 +37,7 @@ R = TypeVar("R")
 
 #: Errors of code, whoever raised them: never an answer of the store, never retried.
 #: Any other error (a driver's, a server's) counts as today: an outage or a refusal.
-BUGS: tuple[type[BaseException], ...] = (
+BUGS: tuple[type[Exception], ...] = (
     TypeError,
     AttributeError,
     LookupError,
@@ -159,8 +159,26 @@ class Gateway:
                 results.append(exc)
         return results
 
+    def takeover(self, rt: JobRuntime, record: JobState) -> Claim | None:
+        """Take ``record``'s slot over for ``rt`` (compare-and-set on its token); None if
+        the job is left alone after a bug."""
+        if rt.broken is not None:
+            return None
+        job = rt.job
+        try:
+            return self.store.takeover(
+                job.name, record.slot_ms, self._instance, job.options.lease, record.token
+            )
+        except BUGS as bug:
+            self._broken(rt, bug)
+            return None
+
     def _broken(self, rt: JobRuntime, bug: Exception) -> None:
-        """Leave ``rt``'s job alone after ``bug``: logged once, with its traceback."""
+        """Leave ``rt``'s job alone after ``bug``: logged once, with its traceback.
+
+        Its next slot is not claimed, nothing of it is backed up; a run of it
+        in progress goes on until its lease lapses (its renewals are not sent).
+        """
         if rt.broken is None:
             log.error(
                 "anarchon: a store call about job %s raised a bug; the job is left alone"
@@ -169,6 +187,7 @@ class Gateway:
                 exc_info=bug,
             )
         rt.broken = bug
+        rt.next_slot = rt.backup = None
 
     def hand_over(self, releases: list[Change]) -> tuple[list[bool | Exception], bool]:
         """Send ``releases`` in one batch, whatever fails: each one's answer, and whether

@@ -131,7 +131,12 @@ class Requests:
 
     def next_at(self) -> list[float]:
         """When each job's oldest request is due (wall-clock seconds)."""
-        return [pending[0].slot_ms / 1000 for pending in self._pending.values() if pending]
+        table = self._ctx.table
+        return [
+            pending[0].slot_ms / 1000
+            for job, pending in self._pending.items()
+            if pending and ((rt := table.get(job)) is None or rt.broken is None)
+        ]
 
     # -- run now and catch up ------------------------------------------------
 
@@ -187,8 +192,8 @@ class Requests:
         batches: dict[EventKind, list[Asked]] = {}
         for job, pending in self._pending.items():
             rt = self._ctx.table.get(job)
-            if rt is None or rt.removed or not rt.ready or not pending:
-                continue  # another instance's job, or not placed yet
+            if rt is None or not rt.watched or not rt.ready or not pending:
+                continue  # another instance's job, not placed yet, or left alone
             slot_ms, key, version, kind = pending[0]
             if slot_ms > now_ms:
                 continue  # not its time yet

@@ -195,7 +195,7 @@ class Runs:
             runner = rt.runner
             if runner is not None and not runner.reported and runner.run.lost:
                 self.emit_lost(runner)
-                if self._ctx.gateway.leases and rt.backup is None and not rt.removed:
+                if self._ctx.gateway.leases and rt.backup is None and rt.watched:
                     rt.backup = Backup.of_own(runner, self._ctx.clock.monotonic(), rt.options)
 
     def emit_lost(self, runner: Runner) -> None:
@@ -277,7 +277,7 @@ class Runs:
         rt, runner, run = done.runtime, done.runner, done.runner.run
         if rt.runner is runner:
             rt.runner = None
-            if (done.handed_off or retry) and not rt.removed:
+            if (done.handed_off or retry) and rt.watched:
                 # Whoever executes it may die too, and a slot given back is sent again
                 # by whoever takes it over: back it up like anyone else's run. After
                 # a failed dispatch, the others (who may reach the broker) go first.

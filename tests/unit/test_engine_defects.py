@@ -94,3 +94,38 @@ def test_a_bug_in_a_store_call_is_logged_and_its_job_left_alone_not_retried_as_a
     bugs = [r for r in caplog.records if r.exc_info and r.exc_info[0] is TypeError]
     assert len(bugs) == 1 and bugs[0].levelno == logging.ERROR and "bad" in bugs[0].getMessage()
     assert store.calls_about_bad <= 2  # the batch, then the job alone: never again
+
+
+class BuggyTakeover(MemoryStore):
+    """A store whose takeover hits a bug of the store's code."""
+
+    takeovers = 0
+
+    def takeover(self, *args: Any, **kwargs: Any) -> Any:
+        self.takeovers += 1
+        raise AttributeError("'NoneType' object has no attribute 'token'")
+
+
+def test_a_bug_in_a_takeover_leaves_its_job_alone_and_the_loop_does_not_spin(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = FakeClock()
+    store = BuggyTakeover(clock=clock)
+    events: list[Event] = []
+    s = Scheduler(store, clock=clock, instance="a", listener=events.append, lease=3, watch=1)
+    s.add_job(lambda: None, name="job", every=60, jitter=0)
+    s.run_pending()
+    slot_at = s.upcoming()["job"][0]
+    assert slot_at is not None
+    clock.advance(slot_at - clock.time())
+    store.claim("job", int(slot_at * 1000), "gone", 3)  # another instance, which dies
+    delays = []
+    with caplog.at_level(logging.ERROR, logger="anarchon_core"):
+        for _ in range(20):
+            delays.append(s.run_pending())
+            clock.advance(0.5)
+    assert store.takeovers == 1
+    assert min(delays[-10:]) > 0  # nothing left due at once: the loop sleeps
+    assert not {e.kind for e in events} & {"store_unavailable", "store_refused", "takeover"}
+    bugs = [r for r in caplog.records if r.exc_info and r.exc_info[0] is AttributeError]
+    assert len(bugs) == 1 and bugs[0].levelno == logging.ERROR
