@@ -113,34 +113,35 @@ class Loop:
     # -- one step ------------------------------------------------------------
 
     def run_pending(self) -> float:
-        """Do everything that is due now; return the seconds until more is due."""
-        with self.guard.step():
-            return self._step()
+        """Do everything that is due now; return the seconds until more is due.
 
-    def _step(self) -> float:
+        After a failed step, nothing is done until its back-off ends; then
+        the store must answer a ping before the step counts as recovered.
+        """
         clock = self._ctx.clock
-        now_mono = self._step_began = clock.monotonic()
-        if now_mono < self._retry_at:
-            self._runs.report_lost()
-            return self._retry_at - now_mono
-        try:
+        with self.guard.step():
+            now_mono = self._step_began = clock.monotonic()
+            if now_mono < self._retry_at:
+                self._runs.report_lost()
+                return self._retry_at - now_mono
+            try:
+                if self._backoff:
+                    # The store must answer before it counts as back: a step that happens
+                    # to need no store call would otherwise end the outage on its own.
+                    self._ctx.gateway.store.ping()
+                self._step(now_mono)
+            except Exception as exc:
+                return self._failed(exc)
+            finally:
+                # Runs whose deadline passed (even during a blocked call) are reported.
+                self._runs.report_lost()
             if self._backoff:
-                # The store must answer before it counts as back: a step that happens
-                # to need no store call would otherwise end the outage on its own.
-                self._ctx.gateway.store.ping()
-            self._slot_path(now_mono)
-        except Exception as exc:
-            return self._failed(exc)
-        finally:
-            # Runs whose deadline passed (even during a blocked call) are reported.
-            self._runs.report_lost()
-        if self._backoff:
-            self._backoff = 0.0
-            self._ctx.emit(EventKind.STORE_RECOVERED)
-        self._step_ok_at = clock.monotonic()
-        return self._next_delay()
+                self._backoff = 0.0
+                self._ctx.emit(EventKind.STORE_RECOVERED)
+            self._step_ok_at = clock.monotonic()
+            return self._next_delay()
 
-    def _slot_path(self, now_mono: float) -> None:
+    def _step(self, now_mono: float) -> None:
         """One slot's path through the parts, phase by phase; each phase at most one batch."""
         # Finish: runs whose handler returned since the last step are finished first:
         # the claim of their job's next slot would otherwise find their lease live and
