@@ -98,8 +98,8 @@ class Gateway:
         if not any(broken):
             return self._answers(jobs, items, call)
         sent = [i for i, bug in enumerate(broken) if bug is None]
-        answered: list[R | Exception] = self._answers(
-            [jobs[i] for i in sent], [items[i] for i in sent], call
+        answered: list[R | Exception] = (
+            self._answers([jobs[i] for i in sent], [items[i] for i in sent], call) if sent else []
         )
         answers = iter(answered)
         results: list[R | Exception] = []
@@ -110,8 +110,6 @@ class Gateway:
     def _answers(
         self, jobs: list[JobRuntime], items: list[T], call: Callable[[list[T]], list[R]]
     ) -> list[R | Exception]:
-        if not items:
-            return []
         results: list[R | Exception]
         try:
             results = list(call(items))
