@@ -1,5 +1,7 @@
 """The engine's parts, each named after its concern; :class:`~anarchon_core.Scheduler` wires them.
 
+- :mod:`.context`: what every part shares (the instance, clock, events,
+  store and jobs);
 - :mod:`.table`: the jobs declared here and what this instance knows of each,
   behind the only lock;
 - :mod:`.gateway`: the store as the engine calls it: what it can do (read
