@@ -174,8 +174,8 @@ class Gateway:
     def _broken(self, rt: JobRuntime, bug: Exception) -> None:
         """Leave ``rt``'s job alone after ``bug``: logged once, with its traceback.
 
-        Its next slot is not claimed, nothing of it is backed up; a run of it
-        in progress goes on until its lease lapses (its renewals are not sent).
+        Its next slot is not claimed, nothing of it is backed up, and a run
+        of it in progress is told it lost: its lease is no longer renewed.
         """
         if rt.broken is None:
             log.error(
@@ -186,6 +186,8 @@ class Gateway:
             )
         rt.broken = bug
         rt.next_slot = rt.backup = None
+        if rt.runner is not None:
+            rt.runner.run.mark_lost(f"a store call about its job raised a bug: {describe(bug)}")
 
     def hand_over(self, releases: list[Change]) -> tuple[list[bool | Exception], bool]:
         """Send ``releases`` in one batch, whatever fails: each one's answer, and whether

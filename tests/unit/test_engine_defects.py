@@ -129,3 +129,29 @@ def test_a_bug_in_a_takeover_leaves_its_job_alone_and_the_loop_does_not_spin(
     assert not {e.kind for e in events} & {"store_unavailable", "store_refused", "takeover"}
     bugs = [r for r in caplog.records if r.exc_info and r.exc_info[0] is AttributeError]
     assert len(bugs) == 1 and bugs[0].levelno == logging.ERROR
+
+
+def test_a_bug_in_a_renewal_tells_the_run_it_lost_and_the_loop_does_not_spin(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = FakeClock()
+    store = BuggyStore("job", clock)
+    store.bad = "nothing yet"
+    runs: list[Any] = []
+    s = Scheduler(store, clock=clock, instance="a", lease=30)
+    s.add_job(lambda run: (runs.append(run), clock.sleep(40)), name="job", every=60, jitter=0)
+    s.run_pending()
+    slot_at = s.upcoming()["job"][0]
+    assert slot_at is not None
+    clock.advance(slot_at - clock.time())
+    s.run_pending()
+    assert len(runs) == 1 and not runs[0].lost
+    store.bad = "job"  # from now on, the store's calls about the job hit a bug
+    delays = []
+    with caplog.at_level(logging.ERROR, logger="anarchon_core"):
+        for _ in range(30):
+            clock.advance(1)
+            delays.append(s.run_pending())
+    assert runs[0].lost and "bug" in runs[0].lost_reason
+    assert min(delays[-10:]) > 0
+    assert len([r for r in caplog.records if r.exc_info]) == 1
