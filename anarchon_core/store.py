@@ -796,11 +796,12 @@ class ClaimOnlyStore(Store):
         """Empty: no job record is kept."""
         return []
 
-    # Kept for the engine until it checks the store's type: it records the end
-    # of every run through change_many, hands a dispatcher's run off through
-    # dispatch and gives a late claim back through release, whatever the store.
-    # Nothing is recorded, so each answers True as it always has; a renewal is
-    # never sent to a store without a lease, and is refused as the bug it is.
+    # Kept for the engine and the tools until they check the store's type: the
+    # engine records the end of every run through change_many, hands a
+    # dispatcher's run off through dispatch and gives a late claim back through
+    # release, whatever the store, and callers finish what they claimed. Nothing
+    # is recorded, so each answers True as it always has; a renewal is never
+    # sent to a store without a lease, and is refused as the bug it is.
 
     def change_many(self, changes: Sequence[Change]) -> list[bool]:
         """``True`` for each end or hand-off: nothing is recorded (see above)."""
@@ -811,6 +812,12 @@ class ClaimOnlyStore(Store):
 
     def dispatch(self, job: str, token: int, pickup: float) -> bool:
         """``True``: there is no lease to hand off (see above)."""
+        return True
+
+    def finish(self, job: str, token: int, outcome: RunState) -> bool:
+        """``True`` for ``done`` or ``failed`` (else ``ValueError``): the end is not recorded."""
+        if outcome not in (RunState.DONE, RunState.FAILED):
+            raise ValueError(f"a run finishes as done or failed, not {outcome.value}")
         return True
 
     def release(self, job: str, token: int) -> bool:
