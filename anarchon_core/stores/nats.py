@@ -83,7 +83,7 @@ from .. import decide
 from ..clock import Clock, SystemClock
 from ..decide import Decision, Record
 from ..durations import store_timeout
-from ..errors import ConfigurationError, Conflict, StoreUnavailable
+from ..errors import ConfigurationError, Conflict, DamagedRecord, StoreUnavailable
 from ..store import (
     HELD_STATES,
     HISTORY,
@@ -117,14 +117,42 @@ _Decide = Callable[[_Record | None, JobState | None], tuple[_Record | None, T]]
 
 
 def _each_answered(answers: list[T | BaseException]) -> list[T]:
-    """The answers of a batch's steps run together: an outage (or a cancelled
-    step) is raised; an error of one step alone is that step's answer."""
+    """The answers of a batch's steps run together: a damaged record is its step's
+    refusal; any other error (an outage, a cancelled step, a bug) is raised."""
     for answer in answers:
-        if isinstance(answer, _UNAVAILABLE) or (
-            isinstance(answer, BaseException) and not isinstance(answer, Exception)
-        ):
+        if isinstance(answer, BaseException) and not isinstance(answer, DamagedRecord):
             raise answer
     return refused_if_any(answers)
+
+
+#: The fields of a job's record, and the types each must have.
+_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "slot_ms": int,
+    "owner": str,
+    "attempt": int,
+    "token": int,
+    "state": str,
+    "lease": (int, float),
+    "runs": list,
+}
+
+
+def _decoded(job: str, value: bytes) -> _Record:
+    """The record of ``job`` from its value, or DamagedRecord if no store step wrote it."""
+    try:
+        record = json.loads(value)
+    except ValueError as exc:
+        raise DamagedRecord(f"the record of {job!r} is not JSON ({exc})") from exc
+    if not isinstance(record, dict):
+        raise DamagedRecord(f"the record of {job!r} is not a JSON object")
+    for name, kind in _FIELDS.items():
+        if not isinstance(record.get(name), kind) or isinstance(record.get(name), bool):
+            raise DamagedRecord(f"the record of {job!r} has no valid {name!r}")
+    if record["state"] not in {state.value for state in RunState}:
+        raise DamagedRecord(f"the record of {job!r} has an unknown state {record['state']!r}")
+    if record["state"] not in _HELD and not isinstance(record.get("ended_at"), (int, float)):
+        raise DamagedRecord(f"the record of {job!r} has ended with no valid 'ended_at'")
+    return record
 
 
 #: A record's counts (``counts``): runs, takeovers, done, failed, last done, last failed.
@@ -341,7 +369,7 @@ class NatsStore(LeasesByObservation, RegistryStore, ControlStore):
         except nats.js.errors.KeyNotFoundError:
             return None
         assert entry.value is not None and entry.revision is not None
-        return json.loads(entry.value), entry.revision
+        return _decoded(job, entry.value), entry.revision
 
     def _state(self, job: str, record: _Record, revision: int) -> JobState:
         seen = self._seen.get(job)
@@ -502,7 +530,7 @@ class NatsStore(LeasesByObservation, RegistryStore, ControlStore):
                 c = changes[i]
                 try:
                     answer: Any = await self._cas(c.job, self._changing(c))
-                except Exception as exc:  # answered as gather(return_exceptions=True) would
+                except DamagedRecord as exc:  # this change's refusal, as claim_many answers it
                     answer = exc
                 answers.append((i, answer))
             return answers
