@@ -3,8 +3,9 @@
 The claim, takeover, renew, dispatch, finish and release decisions are written
 once as pure functions (:mod:`anarchon_core.decide`); the memory and NATS
 stores apply them as they are, the Redis script and the SQL statements decide
-on the server. Here random sequences of operations by several owners, on a
-few jobs, with leases long (60 s) or short (0.4 s), run on each lease store
+on the server. Here random sequences of operations (claims, takeovers,
+changes, pauses) by several owners, on a few jobs, with leases long (60 s) or
+short (0.4 s), run on each lease store
 and on the model side by side: every answer, and then every job's record,
 history and counts, must be the model's.
 
@@ -52,7 +53,7 @@ from anarchon_core.store import (
 
 #: Examples per store for a longer hunt (``ANARCHON_DECISION_EXAMPLES=500``); 0: the default.
 LONG = int(os.environ.get("ANARCHON_DECISION_EXAMPLES") or 0)
-EXAMPLES = LONG or 10
+EXAMPLES = LONG or 30
 
 SHORT, LONG_LEASE = 0.4, 60.0
 #: How far a lease's end may be from this process's view of it and still be judged.
@@ -90,6 +91,14 @@ class Changes:
 @dataclass(frozen=True)
 class Wait:
     """Until every short lease has surely lapsed."""
+
+
+@dataclass(frozen=True)
+class Pause:
+    """Pause (or resume) one job: its claims are then answered paused."""
+
+    job: str
+    on: bool
 
 
 leases = st.sampled_from((SHORT, SHORT, LONG_LEASE))
@@ -132,7 +141,13 @@ changes = st.builds(
     ).map(tuple),
 )
 operations = st.lists(
-    st.one_of(claims, takeovers, changes, st.just(Wait())),
+    st.one_of(
+        claims,
+        takeovers,
+        changes,
+        st.just(Wait()),
+        st.builds(Pause, st.sampled_from(JOBS), st.sampled_from((True, False, False))),
+    ),
     min_size=1,
     max_size=20,
 )
@@ -151,6 +166,8 @@ class Model:
     counts: dict[str, list[int]] = field(default_factory=dict)
     #: Per job with a held lease: the earliest moment its lease may end on the store.
     ends_from: dict[str, float] = field(default_factory=dict)
+    #: The jobs paused by name.
+    paused: set[str] = field(default_factory=set)
 
     def apply(self, job: str, step: Decision[Any], t0: float, t1: float) -> Any:
         new = step.record
@@ -216,6 +233,11 @@ def step(store: LeaseStore, model: Model, op: Any, names: dict[str, str]) -> Non
         if short:
             time.sleep(max(0.0, max(short) + MARGIN - time.monotonic()))
         return
+    if isinstance(op, Pause):
+        changed = (store.pause if op.on else store.resume)(names[op.job])
+        assert changed == ((op.job in model.paused) != op.on), op
+        (model.paused.add if op.on else model.paused.discard)(op.job)
+        return
     jobs = {item[0] for item in op.items}
     t0 = model.settle(jobs)
     decisions: list[Decision[Any]]
@@ -224,7 +246,15 @@ def step(store: LeaseStore, model: Model, op: Any, names: dict[str, str]) -> Non
         answers: list[Any] = store.claim_many(requests, op.owner)
         t1 = time.monotonic()
         decisions = [
-            decide.claim(model.records.get(job), names[job], slot, op.owner, lease, t0)
+            decide.claim(
+                model.records.get(job),
+                names[job],
+                slot,
+                op.owner,
+                lease,
+                t0,
+                paused=job in model.paused,
+            )
             for job, slot, lease in op.items
         ]
         for (job, *_), decision in zip(op.items, decisions, strict=True):
