@@ -270,7 +270,7 @@ def refusal(slot_ms: int, holder: JobState | None) -> Claim | None:
     """The answer to a claim of ``slot_ms`` that ``holder`` refuses, or ``None`` if it wins.
 
     **taken** when ``holder`` holds this slot, **stale** when a newer one,
-    **busy** when an older one whose lease is live (see :meth:`Store.claim`).
+    **busy** when an older one whose lease is live (see :meth:`Store.claim_many`).
     The rule every store applies; :mod:`anarchon_core.decide` holds the others.
     """
     if holder is None:
