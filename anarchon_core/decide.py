@@ -157,7 +157,7 @@ def claim(
     token = old.token + 1 if old is not None else 1
     new = Record(job, slot_ms, owner, 1, token, RunState.RUNNING, now + lease)
     previous = RunState.ABANDONED if old is not None and old.state in HELD_STATES else None
-    return Decision(Claim(ClaimStatus.WON, new.view(now)), new, previous, started=True)
+    return Decision(_won(new, lease), new, previous, started=True)
 
 
 def takeover(
@@ -181,7 +181,19 @@ def takeover(
         return Decision(Claim(ClaimStatus.TAKEN, current))
     new = Record(job, slot_ms, owner, old.attempt + 1, old.token + 1, RunState.RUNNING, now + lease)
     previous = RunState.LOST if old.state is RunState.RUNNING else None
-    return Decision(Claim(ClaimStatus.WON, new.view(now)), new, previous, started=True)
+    return Decision(_won(new, lease), new, previous, started=True)
+
+
+def _won(new: Record, lease: float) -> Claim:
+    """A won claim or takeover: the new record, with all of its ``lease`` left.
+
+    Given as granted rather than as ``lease_until - now``, which float rounding
+    could make a hair longer than the lease.
+    """
+    holder = JobState(
+        new.job, new.slot_ms, new.owner, new.attempt, new.token, new.state, float(lease)
+    )
+    return Claim(ClaimStatus.WON, holder)
 
 
 def _hold(
