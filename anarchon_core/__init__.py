@@ -28,10 +28,12 @@ from .store import (
     InstanceRecord,
     JobState,
     JobStats,
+    LeaseStore,
     Paused,
     RunRecord,
     RunState,
     Store,
+    TakeoverRequest,
 )
 from .urls import open_store, redact
 
@@ -59,6 +61,7 @@ __all__ = [
     "JobStats",
     "JobStatus",
     "LeaseLost",
+    "LeaseStore",
     "MissingDependency",
     "Paused",
     "Run",
@@ -70,6 +73,7 @@ __all__ = [
     "Store",
     "StoreUnavailable",
     "SystemClock",
+    "TakeoverRequest",
     "UnknownJob",
     "make_schedule",
     "open_store",

@@ -37,16 +37,24 @@ class StoreUnavailable(AnarchonError):
     """
 
 
+class DamagedRecord(AnarchonError, ValueError):
+    """A record in the store is not one that a store's step wrote (it was changed by hand).
+
+    The store refuses the steps on that job alone (see :class:`BatchRefused`);
+    the other jobs go on.
+    """
+
+
 class BatchRefused(AnarchonError):
     """The store refused some items of a batch and applied the others.
 
-    Raised by ``Store.claim_many`` and ``Store.change_many`` where a batch's
-    items go through one by one (Redis, NATS, the default loops): ``answers``
-    holds, in the order of the batch, each item's answer (a ``Claim``, a
-    ``bool``) or the error the store gave for that item alone. A store that
-    applies a batch in one transaction (PostgreSQL, SQLite) raises the error
-    itself instead, having applied nothing. A store that cannot be reached
-    mid-batch raises :class:`StoreUnavailable` either way.
+    Raised by the batch steps of every store (``claim_many``,
+    ``takeover_many``, ``change_many``): ``answers`` holds, in the order of
+    the batch, each item's answer (a ``Claim``, a ``bool``) or the error the
+    server gave for that item alone. A store that applies a batch in one
+    transaction (PostgreSQL) sends each item again on its own when the server
+    refuses the batch, and answers the same way. A store that cannot be
+    reached raises :class:`StoreUnavailable` for the whole call instead.
     """
 
     def __init__(self, answers: Sequence[Any]) -> None:

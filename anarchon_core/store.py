@@ -3,16 +3,47 @@
 A store keeps, per job of a namespace, one record of the job's current slot
 (job, slot, owner, attempt, token, state, lease end) and a short history of
 its runs. The engine reads and changes them only through the methods of
-:class:`Store`, each documented on itself.
+:class:`Store` and :class:`LeaseStore`, each documented on itself.
 
-Atomicity: each step is **one atomic operation on the server** (a Lua script,
-one SQL statement or transaction, one compare-and-set), never a read in Python
-followed by a write.
+Batch first: the methods a store implements take a batch (claims,
+takeovers, changes to held runs, state reads), so that an instance makes one
+round trip per step whatever the number of jobs; the single steps (``claim``,
+``takeover``, ``renew``, ``dispatch``, ``finish``, ``release``, ``state``)
+are written once, in the base classes, in terms of them.
+
+Atomicity: each item of a batch is **one atomic operation on the server** (a
+Lua script, one SQL statement or transaction, one compare-and-set), never a
+read in Python followed by a write. The batch as a whole is not atomic. The
+decisions each step takes are those of :mod:`anarchon_core.decide`, written
+once as pure functions; every store agrees with them.
+
+Answers, the same on every store:
+
+- each item is answered by a value (a :class:`Claim`, a ``bool``), in the
+  order of the batch;
+- an item the server refuses alone (a value it cannot store, a key of
+  another type) is refused alone: the others are applied, and the batch
+  raises :class:`~anarchon_core.errors.BatchRefused` with every item's answer,
+  the refused one's being the server's error. A single step raises that error
+  itself;
+- an outage of the call (the server unreachable, a timeout, a read-only
+  replica, a primary refusing writes: any error of the driver or the server
+  that is not about one item) raises
+  :class:`~anarchon_core.errors.StoreUnavailable` for the whole call, raised
+  ``from`` the driver's error at the store's boundary, with credentials
+  scrubbed from its message;
+- any other exception is a bug, and propagates with its traceback.
+
+Capabilities are types, not flags: :class:`Store` claims slots and reads
+records; :class:`LeaseStore` keeps leases (takeover, renew, dispatch,
+finish, release); :class:`RegistryStore` keeps the registry of live
+instances; :class:`ControlStore` keeps pause marks and control entries;
+:class:`ClaimOnlyStore` picks the one winner of each slot and nothing more.
 
 Clock: lease expiry is judged by the store's own clock, so instances whose
 clocks disagree cannot take a live lease early (NATS gives clients no clock:
 its store judges by the observer's monotonic clock instead, see
-:mod:`anarchon_core.stores.nats`).
+:mod:`anarchon_core.stores.nats` and :class:`LeasesByObservation`).
 """
 
 from __future__ import annotations
@@ -20,11 +51,13 @@ from __future__ import annotations
 import abc
 import enum
 import json
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from .errors import BatchRefused, ConfigurationError, StoreUnavailable
+from .errors import BatchRefused, ConfigurationError
+from .jobs import check_name
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -37,6 +70,17 @@ MAX_INFO = 4096
 MAX_CONTROL_KEY, MAX_CONTROL_VALUE = 300, 16384
 #: Bounds of a registry record's time to live, in seconds.
 MIN_TTL, MAX_TTL = 1.0, 3600.0
+
+_NAMESPACE = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
+
+
+def check_namespace(namespace: str) -> str:
+    """Namespaces end up in keys and table names: keep them plain."""
+    if not isinstance(namespace, str) or not _NAMESPACE.match(namespace):
+        raise ConfigurationError(
+            f"namespace {namespace!r}: use 1-100 letters, digits, '_', '-', '.' or ':'"
+        )
+    return namespace
 
 
 class ClaimStatus(str, enum.Enum):
@@ -105,7 +149,8 @@ class JobState:
 
 @dataclass(frozen=True)
 class Claim:
-    """The result of :meth:`Store.claim` or :meth:`Store.takeover`.
+    """The answer to a claim (:meth:`Store.claim_many`) or a takeover
+    (:meth:`LeaseStore.takeover_many`).
 
     ``holder`` is the record after the step: the caller's own when won, the
     current holder's otherwise (``None`` only if the record vanished).
@@ -130,13 +175,13 @@ class ClaimRequest:
 
 @dataclass(frozen=True)
 class Change:
-    """One entry of a batch of changes to held runs (:meth:`Store.change_many`).
+    """One entry of a batch of changes to held runs (:meth:`LeaseStore.change_many`).
 
     ``state`` says which step: ``running`` renews the lease for ``lease``
-    seconds (:meth:`Store.renew`), ``dispatched`` hands the run off for
-    ``lease`` seconds (:meth:`Store.dispatch`), ``done`` or ``failed``
-    finishes it (:meth:`Store.finish`), ``released`` hands it over
-    (:meth:`Store.release`).
+    seconds (:meth:`LeaseStore.renew`), ``dispatched`` hands the run off for
+    ``lease`` seconds (:meth:`LeaseStore.dispatch`), ``done`` or ``failed``
+    finishes it (:meth:`LeaseStore.finish`), ``released`` hands it over
+    (:meth:`LeaseStore.release`).
     """
 
     job: str
@@ -221,20 +266,53 @@ class RunRecord:
     ended_at: float | None
 
 
-def each(step: Callable[[T], R], items: Sequence[T]) -> list[R]:
+def refusal(slot_ms: int, holder: JobState | None) -> Claim | None:
+    """The answer to a claim of ``slot_ms`` that ``holder`` refuses, or ``None`` if it wins.
+
+    **taken** when ``holder`` holds this slot, **stale** when a newer one,
+    **busy** when an older one whose lease is live (see :meth:`Store.claim_many`).
+    The rule every store applies; :mod:`anarchon_core.decide` holds the others.
+    """
+    if holder is None:
+        return None
+    if holder.slot_ms == slot_ms:
+        return Claim(ClaimStatus.TAKEN, holder)
+    if holder.slot_ms > slot_ms:
+        return Claim(ClaimStatus.STALE, holder)
+    if holder.held:
+        return Claim(ClaimStatus.BUSY, holder)
+    return None
+
+
+def lost(slot_ms: int, holder: JobState | None) -> Claim:
+    """The answer to a claim of ``slot_ms`` that the server refused; ``holder`` read since.
+
+    As :func:`refusal`, except that no holder means **taken** and an older
+    slot means **busy** even if its lease has lapsed since the refusal.
+    """
+    if holder is None:
+        return Claim(ClaimStatus.TAKEN, None)
+    answer = refusal(slot_ms, holder)
+    return answer if answer is not None else Claim(ClaimStatus.BUSY, holder)
+
+
+def one_by_one(
+    step: Callable[[T], R],
+    items: Sequence[T],
+    refused: type[BaseException] | tuple[type[BaseException], ...],
+) -> list[R]:
     """``step`` of every item in turn, for a batch whose items go through one by one.
 
     An outage stops the batch (:class:`StoreUnavailable`, as any call); an
-    item the store refuses alone does not: the others go on, and the batch
-    then raises :class:`BatchRefused` with every item's answer or error.
+    item the server refuses alone (an error of the ``refused`` kinds) does
+    not: the others go on, and the batch then raises :class:`BatchRefused`
+    with every item's answer or error. Any other error propagates.
     """
-    answers: list[R | Exception] = []
+    answers: list[R | BaseException] = []
     for item in items:
         try:
             answers.append(step(item))
-        except StoreUnavailable:
-            raise
-        except Exception as exc:
+        except refused as exc:
             answers.append(exc)
     return refused_if_any(answers)
 
@@ -246,23 +324,94 @@ def refused_if_any(answers: Sequence[R | BaseException]) -> list[R]:
     return list(answers)  # type: ignore[arg-type]
 
 
-class Store(abc.ABC):
-    """A shared store bound to one namespace.
+def item_by_item(
+    call: Callable[[Sequence[T]], list[R]],
+    items: Sequence[T],
+    refused: type[BaseException] | tuple[type[BaseException], ...],
+) -> list[R]:
+    """``call(items)`` as one batch, answered item by item when the server refuses it.
 
-    Subclasses implement the abstract methods, each one atomic step (see the
-    module docstring); :meth:`finish` and :meth:`release` both come down to
-    :meth:`_end`. The protected helpers below are for implementations only.
+    For stores that apply a batch in one transaction: an error of the
+    ``refused`` kinds (the server's, not an outage) means the batch was
+    applied not at all, so each item is sent again alone, and only the items
+    the server refuses alone are refused (:class:`BatchRefused`, as on every
+    store). Outages and any other error propagate.
+    """
+    try:
+        return call(items)
+    except refused as exc:
+        if len(items) == 1:
+            raise BatchRefused([exc]) from exc
+    answers: list[R | BaseException] = []
+    for item in items:
+        try:
+            answers.extend(call([item]))
+        except refused as exc:
+            answers.append(exc)
+    return refused_if_any(answers)
+
+
+def _one(answers: Callable[[], Sequence[R]]) -> R:
+    """The answer of a batch of one item: its value, or its refusal raised as it was given."""
+    try:
+        (answer,) = answers()
+    except BatchRefused as refused:
+        (error,) = refused.answers
+        if isinstance(error, BaseException):
+            raise error from None
+        answer = error
+    return answer
+
+
+@dataclass(frozen=True)
+class TakeoverRequest:
+    """One entry of a batch of takeovers (:meth:`LeaseStore.takeover_many`)."""
+
+    job: str
+    slot_ms: int
+    lease: float
+    #: The token of the lapsed run, as the backup read it.
+    seen_token: int
+
+
+class Store(abc.ABC):
+    """A shared store bound to one namespace: claims of slots, and reads of records.
+
+    The contract is batch first: :meth:`claim_many` and :meth:`states` are
+    what a store implements, one atomic server-side step per item (see the
+    module docstring); :meth:`claim` and :meth:`state` are written once,
+    here, in terms of them. What else a store can do is said by its type:
+    :class:`LeaseStore` (leases: takeover, renew, dispatch, finish, release),
+    :class:`RegistryStore` (the registry of live instances),
+    :class:`ControlStore` (pause marks and control entries). The protected
+    helpers below are for implementations only.
     """
 
-    #: Whether the store keeps leases (renew, takeover, hand-over). Claim-only
-    #: stores pick a winner per slot and nothing more (see :class:`ClaimOnlyStore`).
-    supports_lease: bool = True
-    #: Whether the store keeps a registry of live instances (:meth:`announce`).
-    keeps_registry: bool = False
-    #: Whether a lease's end is measured from when the reader first saw the record
-    #: (NATS: no server clock) rather than by the store's clock: a record left
-    #: running long ago then looks live to an instance that just started.
-    leases_by_observation: bool = False
+    # The flags below are kept for the engine and the tools until they check
+    # the store's type; each is derived from the type, never set.
+
+    @property
+    def supports_lease(self) -> bool:
+        """Whether the store keeps leases: ``isinstance(store, LeaseStore)``."""
+        return isinstance(self, LeaseStore)
+
+    @property
+    def keeps_registry(self) -> bool:
+        """Whether the store keeps a registry: ``isinstance(store, RegistryStore)``."""
+        return isinstance(self, RegistryStore)
+
+    @property
+    def keeps_controls(self) -> bool:
+        """Whether the store keeps pause marks and controls: ``isinstance(store, ControlStore)``."""
+        return isinstance(self, ControlStore)
+
+    @property
+    def leases_by_observation(self) -> bool:
+        """Whether a lease's end is measured from when the reader first saw the record
+        (NATS: no server clock) rather than by the store's clock: a record left running
+        long ago then looks live to an instance that just started
+        (``isinstance(store, LeasesByObservation)``)."""
+        return isinstance(self, LeasesByObservation)
 
     def __init__(self, *, namespace: str) -> None:
         """Bind the store to ``namespace``: 1-100 letters, digits, ``_``, ``-``, ``.`` or ``:``.
@@ -270,8 +419,6 @@ class Store(abc.ABC):
         Namespaces end up in keys, table, bucket and queue names; any other
         raises :class:`~anarchon_core.errors.ConfigurationError`.
         """
-        from .urls import check_namespace  # urls imports this module
-
         self.namespace = check_namespace(namespace)
 
     @classmethod
@@ -280,10 +427,12 @@ class Store(abc.ABC):
         raise NotImplementedError(f"{cls.__name__} cannot be built from a URL")
 
     @abc.abstractmethod
-    def claim(self, job: str, slot_ms: int, owner: str, lease: float) -> Claim:
-        """Record that ``owner`` runs ``slot_ms`` of ``job``, unless someone already does.
+    def claim_many(self, requests: Sequence[ClaimRequest], owner: str) -> list[Claim]:
+        """Claim several slots for ``owner`` at once; answers in the order of ``requests``.
 
-        When won, the lease runs for ``lease`` seconds by the store's clock.
+        Each request is one atomic step: record that ``owner`` runs
+        ``slot_ms`` of ``job``, unless someone already does. When won, the
+        lease runs for ``lease`` seconds by the store's clock.
 
         - no record yet, or the record holds an older slot that is finished
           (``done``/``failed``), handed over (``released``) or whose lease has
@@ -302,108 +451,17 @@ class Store(abc.ABC):
           atomic step as the claim's write (each store says how), so a claim
           begun after :meth:`pause` returned never wins.
 
-        Tokens rise with every claim and takeover of a job and never repeat, so
-        they serve as fencing values: a handler may pass ``run.token`` to its own
-        storage and refuse writes carrying a smaller one.
+        The decisions are :func:`anarchon_core.decide.claim`. Tokens rise with
+        every claim and takeover of a job and never repeat, so they serve as
+        fencing values: a handler may pass ``run.token`` to its own storage
+        and refuse writes carrying a smaller one. A batch lets an instance
+        make one round trip per tick whatever the number of jobs due.
+        Refusals and outages are answered as the module docstring says.
         """
 
-    def claim_many(self, requests: Sequence[ClaimRequest], owner: str) -> list[Claim]:
-        """Claim several slots at once; results in the order of ``requests``.
-
-        A batch lets an instance make one round trip per tick whatever the
-        number of jobs due. This loops over :meth:`claim`; stores that can do
-        better override it. Items the store refuses alone while it applies the
-        others raise :class:`~anarchon_core.BatchRefused` at the end, with
-        every item's answer.
-        """
-        return each(lambda r: self.claim(r.job, r.slot_ms, owner, r.lease), requests)
-
-    @abc.abstractmethod
-    def takeover(self, job: str, slot_ms: int, owner: str, lease: float, seen_token: int) -> Claim:
-        """Compare-and-set for backups: take ``slot_ms`` of ``job`` over from a lapsed run.
-
-        Succeeds only if the record still holds ``slot_ms`` with token
-        ``seen_token`` and is either ``released`` or ``running`` with a lapsed
-        lease. Then ``attempt`` and ``token`` grow by one, the lease runs for
-        ``lease`` seconds, and the previous attempt is recorded as ``lost`` (or
-        stays ``released``): **won**. Otherwise **taken**, with the current holder.
-        """
-
-    @abc.abstractmethod
-    def renew(self, job: str, token: int, lease: float) -> bool:
-        """Extend the lease of the run carrying ``token`` to ``lease`` seconds from the store's now.
-
-        Only while the record carries ``token`` and is ``running`` or
-        ``dispatched``: a stale token (someone took over since) is refused with
-        ``False``. The state becomes ``running``: the first renewal of a
-        dispatched run is its executor picking it up.
-        """
-
-    @abc.abstractmethod
-    def dispatch(self, job: str, token: int, pickup: float) -> bool:
-        """Hand the run carrying ``token`` off to whoever executes its work.
-
-        State ``dispatched``, lease ``pickup`` seconds from the store's now:
-        the time the work may wait for an executor, whose first
-        :meth:`renew` makes it ``running``. Only while the record carries
-        ``token`` and is ``running`` or ``dispatched`` (a retried message is
-        dispatched again), else ``False``. A dispatched run is never taken
-        over: once its pickup lease lapses it stays unpicked until the job's
-        next slot supersedes it.
-        """
-
-    def finish(self, job: str, token: int, outcome: RunState) -> bool:
-        """End the run carrying ``token`` as ``done`` or ``failed``, and its lease.
-
-        Only while the record carries ``token`` and is ``running`` or
-        ``dispatched``: a stale token is refused with ``False``. Idempotent: a
-        finish re-sent after its reply was lost answers ``True`` again. Any
-        other ``outcome`` raises ``ValueError``.
-        """
-        if outcome not in (RunState.DONE, RunState.FAILED):
-            raise ValueError(f"a run finishes as done or failed, not {outcome.value}")
-        return self._end(job, token, outcome)
-
-    def release(self, job: str, token: int) -> bool:
-        """Hand the run carrying ``token`` over: state ``released``, lease ended.
-
-        A backup takes it over at once. Only while the record carries ``token``
-        and is ``running`` or ``dispatched``: a stale token is refused with
-        ``False``. Idempotent, as :meth:`finish`.
-        """
-        return self._end(job, token, RunState.RELEASED)
-
-    @abc.abstractmethod
-    def _end(self, job: str, token: int, state: RunState) -> bool:
-        """End the run carrying ``token`` as ``state`` and its lease at the store's now.
-
-        The one step behind :meth:`finish` (``done``, ``failed``) and
-        :meth:`release` (``released``): only while the record carries ``token``
-        and is ``running`` or ``dispatched``; ``True`` also when it carries
-        ``token`` and already is ``state`` (the same step re-sent); else
-        ``False``. The history records the end.
-        """
-
-    def change_many(self, changes: Sequence[Change]) -> list[bool]:
-        """Apply several changes to held runs at once; answers in the order of ``changes``.
-
-        Each change is its own atomic step with the answer of the method it
-        stands for (:class:`Change`); the batch as a whole is not atomic. A
-        batch lets an instance finish and renew every run due in one round
-        trip. This loops over those methods; stores that can do better
-        override it. Refusals are answered as by :meth:`claim_many`.
-        """
-        return each(self._apply_change, changes)
-
-    def _apply_change(self, change: Change) -> bool:
-        """One :class:`Change`, by the method it stands for."""
-        if change.state is RunState.RUNNING:
-            return self.renew(change.job, change.token, change.lease)
-        if change.state is RunState.DISPATCHED:
-            return self.dispatch(change.job, change.token, change.lease)
-        if change.state is RunState.RELEASED:
-            return self.release(change.job, change.token)
-        return self.finish(change.job, change.token, change.state)
+    def claim(self, job: str, slot_ms: int, owner: str, lease: float) -> Claim:
+        """One claim (:meth:`claim_many`); a refusal raises the store's own error."""
+        return _one(lambda: self.claim_many([ClaimRequest(job, slot_ms, lease)], owner))
 
     @abc.abstractmethod
     def states(self, jobs: Iterable[str]) -> dict[str, JobState]:
@@ -435,6 +493,8 @@ class Store(abc.ABC):
     def jobs(self) -> list[str]:
         """Names of the jobs that have a record in this namespace, sorted."""
 
+    # -- the registry (RegistryStore); answered empty by the others -----------
+
     def announce(self, instance: str, info: Mapping[str, Any], ttl: float) -> list[InstanceRecord]:
         """Record ``instance`` as live for ``ttl`` seconds, and answer every live instance.
 
@@ -444,18 +504,16 @@ class Store(abc.ABC):
         removed, and the live ones are answered, sorted by name, this one
         included. Stores that keep no registry answer an empty list.
         """
-        from .jobs import check_name  # jobs imports this module
-
         check_name(instance, "instance name")
         if not MIN_TTL <= ttl <= MAX_TTL:
             raise ValueError(f"ttl={ttl!r}: a registry record lives 1 s to 1 h")
         text = json.dumps(dict(info), sort_keys=True, separators=(",", ":"))
         if len(text.encode()) > MAX_INFO:
             raise ValueError(f"info of {instance!r} is over {MAX_INFO} bytes of JSON")
-        return self._announce(instance, text, ttl) if self.keeps_registry else []
+        return self._announce(instance, text, ttl) if isinstance(self, RegistryStore) else []
 
     def _announce(self, instance: str, info: str, ttl: float) -> list[InstanceRecord]:
-        """:meth:`announce` with ``info`` as JSON text; stores that keep a registry override it."""
+        """:meth:`announce` with ``info`` as JSON text (:class:`RegistryStore`)."""
         return []
 
     def withdraw(self, instance: str) -> None:  # noqa: B027 - stores without a registry
@@ -465,8 +523,7 @@ class Store(abc.ABC):
         """The live instances of the registry, sorted by name (empty if none is kept)."""
         return []
 
-    #: Whether the store keeps pause marks (every lease store does).
-    keeps_controls: bool = True
+    # -- pause marks and control entries (ControlStore) ------------------------
 
     def pause(self, job: str | None = None) -> bool:
         """Pause ``job`` (or, with ``None``, the whole namespace): its claims answer **paused**.
@@ -475,43 +532,34 @@ class Store(abc.ABC):
         A run that holds its lease is not interrupted: it renews, finishes and
         is taken over as before; only slots not yet started are refused. A
         job's pause and the namespace's are kept apart: resuming one leaves
-        the other.
+        the other. Stores that are no :class:`ControlStore` raise
+        :class:`~anarchon_core.errors.ConfigurationError`, as for every
+        method of this part.
         """
-        return self._set_pause(self._mark_of(job), True)
+        return self._controlled()._set_pause(self._mark_of(job), True)
 
     def resume(self, job: str | None = None) -> bool:
         """Undo :meth:`pause`; ``True`` if ``job`` (or the namespace) was paused."""
-        return self._set_pause(self._mark_of(job), False)
+        return self._controlled()._set_pause(self._mark_of(job), False)
 
     def paused(self) -> Paused:
         """The namespace's pause and the jobs paused by name."""
-        self._check_controls()
-        marks = self._pause_marks()
+        marks = self._controlled()._pause_marks()
         return Paused(NAMESPACE_PAUSE in marks, tuple(sorted(marks - {NAMESPACE_PAUSE})))
 
     def _mark_of(self, job: str | None) -> str:
-        from .jobs import check_name  # jobs imports this module
-
-        self._check_controls()
         return NAMESPACE_PAUSE if job is None else check_name(job)
 
-    def _check_controls(self) -> None:
-        if not self.keeps_controls:
+    def _controlled(self) -> ControlStore:
+        if not isinstance(self, ControlStore):
             raise ConfigurationError(
                 f"{type(self).__name__} keeps no pause marks: pausing needs a lease store"
                 " (Redis, Valkey, PostgreSQL, SQLite, libSQL or NATS)"
             )
+        return self
 
-    def _set_pause(self, key: str, on: bool) -> bool:
-        """Add (``on``) or remove the pause mark ``key`` (a job, or :data:`NAMESPACE_PAUSE`).
-
-        ``True`` if the marks changed. Stores that keep leases override it.
-        """
-        raise NotImplementedError(f"{type(self).__name__} keeps no pause marks")
-
-    def _pause_marks(self) -> set[str]:
-        """Every pause mark of the namespace (job names and :data:`NAMESPACE_PAUSE`)."""
-        raise NotImplementedError(f"{type(self).__name__} keeps no pause marks")
+    def _check_controls(self) -> None:
+        self._controlled()
 
     def controls(self, *prefixes: str) -> dict[str, tuple[int, str]]:
         """The control entries whose key starts with one of ``prefixes`` (all entries
@@ -521,8 +569,7 @@ class Store(abc.ABC):
         kept beside the jobs' records, each with a version that changes with
         every write. See :meth:`set_control`.
         """
-        self._check_controls()
-        return self._controls(prefixes or ("",))
+        return self._controlled()._controls(prefixes or ("",))
 
     def set_control(self, key: str, value: str | None, expected: int) -> int:
         """Compare-and-set one control entry: write ``value`` (``None``: remove it).
@@ -532,7 +579,7 @@ class Store(abc.ABC):
         :class:`~anarchon_core.errors.Conflict` says which version is there.
         Returns the new version (0 once removed). One atomic step.
         """
-        self._check_controls()
+        store = self._controlled()
         if not 1 <= len(key) <= MAX_CONTROL_KEY or not key.isprintable():
             raise ValueError(
                 f"control key {key[:40]!r}: 1 to {MAX_CONTROL_KEY} printable characters"
@@ -543,13 +590,9 @@ class Store(abc.ABC):
             raise ValueError(f"control {key!r}: the value is empty (control values are JSON)")
         if expected < 0:
             raise ValueError(f"control {key!r}: expected version {expected} < 0")
-        return self._set_control(key, value, expected)
+        return store._set_control(key, value, expected)
 
-    def _controls(self, prefixes: tuple[str, ...]) -> dict[str, tuple[int, str]]:
-        raise NotImplementedError(f"{type(self).__name__} keeps no control entries")
-
-    def _set_control(self, key: str, value: str | None, expected: int) -> int:
-        raise NotImplementedError(f"{type(self).__name__} keeps no control entries")
+    # -- the connection --------------------------------------------------------
 
     def ping(self) -> None:
         """Reach the store once: StoreUnavailable if it cannot, or refuses this client.
@@ -562,39 +605,33 @@ class Store(abc.ABC):
     def close(self) -> None:  # noqa: B027 - most stores have nothing to close
         """Release connections this store opened itself."""
 
+    if TYPE_CHECKING:
+        # For the type checker only, until the engine and the hand-off narrow a
+        # store to LeaseStore before these calls (it checks supports_lease
+        # instead): at run time a LeaseStore has them, and a ClaimOnlyStore
+        # only the ones the engine sends it whatever the store (see there).
+
+        def change_many(self, changes: Sequence[Change]) -> list[bool]: ...
+        def takeover(
+            self, job: str, slot_ms: int, owner: str, lease: float, seen_token: int
+        ) -> Claim: ...
+        def renew(self, job: str, token: int, lease: float) -> bool: ...
+        def dispatch(self, job: str, token: int, pickup: float) -> bool: ...
+        def finish(self, job: str, token: int, outcome: RunState) -> bool: ...
+        def release(self, job: str, token: int) -> bool: ...
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} namespace={self.namespace!r}>"
 
     # -- helpers for implementations ----------------------------------------
 
+    #: :func:`refusal`, under its former name (the engine still calls it so).
+    _refusal = staticmethod(refusal)
+
     @staticmethod
-    def _refusal(slot_ms: int, holder: JobState | None) -> Claim | None:
-        """The answer to a claim of ``slot_ms`` that ``holder`` refuses, or ``None`` if it wins.
-
-        **taken** when ``holder`` holds this slot, **stale** when a newer one,
-        **busy** when an older one whose lease is live (see :meth:`claim`).
-        """
-        if holder is None:
-            return None
-        if holder.slot_ms == slot_ms:
-            return Claim(ClaimStatus.TAKEN, holder)
-        if holder.slot_ms > slot_ms:
-            return Claim(ClaimStatus.STALE, holder)
-        if holder.held:
-            return Claim(ClaimStatus.BUSY, holder)
-        return None
-
-    @classmethod
-    def _lost(cls, slot_ms: int, holder: JobState | None) -> Claim:
-        """The answer to a claim of ``slot_ms`` that the server refused; ``holder`` read since.
-
-        As :meth:`_refusal`, except that no holder means **taken** and an older
-        slot means **busy** even if its lease has lapsed since the refusal.
-        """
-        if holder is None:
-            return Claim(ClaimStatus.TAKEN, None)
-        refusal = cls._refusal(slot_ms, holder)
-        return refusal if refusal is not None else Claim(ClaimStatus.BUSY, holder)
+    def _lost(slot_ms: int, holder: JobState | None) -> Claim:
+        """:func:`lost`."""
+        return lost(slot_ms, holder)
 
     @staticmethod
     def _job_state(row: Sequence[Any]) -> JobState:
@@ -619,32 +656,133 @@ class Store(abc.ABC):
         )
 
 
+class LeaseStore(Store):
+    """A store that keeps a lease per claimed slot: renewed, handed off, ended, taken over.
+
+    Implementations provide :meth:`takeover_many` and :meth:`change_many`
+    (besides :class:`Store`'s); the single steps are written here in their
+    terms. The decisions are those of :mod:`anarchon_core.decide`.
+    """
+
+    @abc.abstractmethod
+    def takeover_many(self, requests: Sequence[TakeoverRequest], owner: str) -> list[Claim]:
+        """Compare-and-set for backups: take each slot over from a lapsed run.
+
+        Each request succeeds only if the record still holds ``slot_ms`` with
+        token ``seen_token`` and is either ``released`` or ``running`` with a
+        lapsed lease. Then ``attempt`` and ``token`` grow by one, the lease
+        runs for ``lease`` seconds, and the previous attempt is recorded as
+        ``lost`` (or stays ``released``): **won**. Otherwise **taken**, with
+        the current holder (``None`` if there is no record). Answers in the
+        order of ``requests``, each its own atomic step
+        (:func:`anarchon_core.decide.takeover`).
+        """
+
+    def takeover(self, job: str, slot_ms: int, owner: str, lease: float, seen_token: int) -> Claim:
+        """One takeover (:meth:`takeover_many`); a refusal raises the store's own error."""
+        request = TakeoverRequest(job, slot_ms, lease, seen_token)
+        return _one(lambda: self.takeover_many([request], owner))
+
+    @abc.abstractmethod
+    def change_many(self, changes: Sequence[Change]) -> list[bool]:
+        """Apply several changes to held runs at once; answers in the order of ``changes``.
+
+        Each change is its own atomic step (the batch as a whole is not
+        atomic), and the changes of one job apply in the order listed (a
+        renewal, then a finish). ``state`` says which step
+        (:func:`anarchon_core.decide.change`):
+
+        - ``running`` renews: the lease of the run carrying ``token`` runs
+          ``lease`` seconds from the store's now. Only while the record carries
+          ``token`` and is ``running`` or ``dispatched``: a stale token
+          (someone took over since) is refused with ``False``. The state
+          becomes ``running``: the first renewal of a dispatched run is its
+          executor picking it up;
+        - ``dispatched`` hands the run off to whoever executes its work: its
+          lease becomes the time the work may wait for an executor, whose
+          first renewal makes it ``running``. Only while held, as a renewal
+          (a retried message is dispatched again). A dispatched run is never
+          taken over: once its pickup lease lapses it stays unpicked until the
+          job's next slot supersedes it;
+        - ``done`` or ``failed`` finishes the run, ``released`` hands it over
+          (a backup takes it over at once): the lease ends at the store's now,
+          and the history records the end. Only while held; ``True`` also
+          when the record carries ``token`` and already is that state (the
+          same end re-sent after its reply was lost), with nothing written.
+        """
+
+    def renew(self, job: str, token: int, lease: float) -> bool:
+        """Extend the lease of the run carrying ``token`` (a ``running`` change)."""
+        return _one(lambda: self.change_many([Change(job, token, RunState.RUNNING, lease)]))
+
+    def dispatch(self, job: str, token: int, pickup: float) -> bool:
+        """Hand the run carrying ``token`` off for ``pickup`` seconds (a ``dispatched`` change)."""
+        return _one(lambda: self.change_many([Change(job, token, RunState.DISPATCHED, pickup)]))
+
+    def finish(self, job: str, token: int, outcome: RunState) -> bool:
+        """End the run carrying ``token`` as ``done`` or ``failed``; else ``ValueError``."""
+        if outcome not in (RunState.DONE, RunState.FAILED):
+            raise ValueError(f"a run finishes as done or failed, not {outcome.value}")
+        return _one(lambda: self.change_many([Change(job, token, outcome)]))
+
+    def release(self, job: str, token: int) -> bool:
+        """Hand the run carrying ``token`` over: ``released``, for a backup at once."""
+        return _one(lambda: self.change_many([Change(job, token, RunState.RELEASED)]))
+
+
+class RegistryStore(Store):
+    """A store that keeps the registry of live instances (:meth:`Store.announce`)."""
+
+    @abc.abstractmethod
+    def _announce(self, instance: str, info: str, ttl: float) -> list[InstanceRecord]:
+        """:meth:`announce` with ``info`` checked and as JSON text."""
+
+    @abc.abstractmethod
+    def withdraw(self, instance: str) -> None:
+        """Remove ``instance``'s record from the registry (an instance that stops)."""
+
+    @abc.abstractmethod
+    def instances(self) -> list[InstanceRecord]:
+        """The live instances of the registry, sorted by name."""
+
+
+class ControlStore(Store):
+    """A store that keeps pause marks and control entries (:meth:`Store.pause`,
+    :meth:`Store.controls`); every lease store is one."""
+
+    @abc.abstractmethod
+    def _set_pause(self, key: str, on: bool) -> bool:
+        """Add (``on``) or remove the pause mark ``key`` (a job, or
+        :data:`NAMESPACE_PAUSE`); ``True`` if the marks changed."""
+
+    @abc.abstractmethod
+    def _pause_marks(self) -> set[str]:
+        """Every pause mark of the namespace (job names and :data:`NAMESPACE_PAUSE`)."""
+
+    @abc.abstractmethod
+    def _controls(self, prefixes: tuple[str, ...]) -> dict[str, tuple[int, str]]:
+        """The entries whose key starts with one of ``prefixes``: key -> (version, value)."""
+
+    @abc.abstractmethod
+    def _set_control(self, key: str, value: str | None, expected: int) -> int:
+        """:meth:`Store.set_control`, its arguments checked."""
+
+
+class LeasesByObservation(LeaseStore):
+    """A lease store whose leases end by the observer's clock (NATS: no server clock).
+
+    A lease's end is measured from when the reader first saw the record, so a
+    record left running long ago looks live to an instance that just started.
+    """
+
+
 class ClaimOnlyStore(Store):
     """A store that picks the one winner of each slot and records nothing else.
 
-    Subclasses implement :meth:`claim`. There is no lease: a won claim runs
-    with nothing to renew, finish, hand over or take over, and nothing is
-    read back. The engine knows this from ``supports_lease``.
+    Subclasses implement :meth:`claim_many`. There is no lease: a won claim
+    runs with nothing to renew, hand over or take over, and nothing is read
+    back. It is no :class:`LeaseStore`: it has no ``renew`` nor ``takeover``.
     """
-
-    supports_lease = False
-    keeps_controls = False
-
-    def takeover(self, job: str, slot_ms: int, owner: str, lease: float, seen_token: int) -> Claim:
-        """Always **taken**: a lost run is never taken over."""
-        return Claim(ClaimStatus.TAKEN, None)
-
-    def renew(self, job: str, token: int, lease: float) -> bool:
-        """``True``: there is no lease to extend."""
-        return True
-
-    def dispatch(self, job: str, token: int, pickup: float) -> bool:
-        """``True``: there is no lease to hand off."""
-        return True
-
-    def _end(self, job: str, token: int, state: RunState) -> bool:
-        """``True``: the end of a run is not recorded, and there is nothing to hand over."""
-        return True
 
     def states(self, jobs: Iterable[str]) -> dict[str, JobState]:
         """Empty: no job record is kept."""
@@ -657,3 +795,31 @@ class ClaimOnlyStore(Store):
     def jobs(self) -> list[str]:
         """Empty: no job record is kept."""
         return []
+
+    # Kept for the engine and the tools until they check the store's type: the
+    # engine records the end of every run through change_many, hands a
+    # dispatcher's run off through dispatch and gives a late claim back through
+    # release, whatever the store, and callers finish what they claimed. Nothing
+    # is recorded, so each answers True as it always has; a renewal is never
+    # sent to a store without a lease, and is refused as the bug it is.
+
+    def change_many(self, changes: Sequence[Change]) -> list[bool]:
+        """``True`` for each end or hand-off: nothing is recorded (see above)."""
+        for change in changes:
+            if change.state is RunState.RUNNING:
+                raise TypeError(f"{type(self).__name__} keeps no lease: nothing to renew")
+        return [True] * len(changes)
+
+    def dispatch(self, job: str, token: int, pickup: float) -> bool:
+        """``True``: there is no lease to hand off (see above)."""
+        return True
+
+    def finish(self, job: str, token: int, outcome: RunState) -> bool:
+        """``True`` for ``done`` or ``failed`` (else ``ValueError``): the end is not recorded."""
+        if outcome not in (RunState.DONE, RunState.FAILED):
+            raise ValueError(f"a run finishes as done or failed, not {outcome.value}")
+        return True
+
+    def release(self, job: str, token: int) -> bool:
+        """``True``: there is nothing to hand over (see above)."""
+        return True

@@ -27,9 +27,11 @@ from anarchon_core.store import (
     ClaimRequest,
     InstanceRecord,
     JobState,
+    LeaseStore,
+    RegistryStore,
     RunRecord,
     RunState,
-    Store,
+    TakeoverRequest,
 )
 from anarchon_core.stores.memory import MemoryStore
 
@@ -237,7 +239,7 @@ class Condition:
     rate: float = 0.3  # flaky: the share of calls that fail
 
 
-class FaultyStore(Store):
+class FaultyStore(LeaseStore, RegistryStore):
     """One instance's view of the shared store, with the faults of its condition."""
 
     def __init__(self, inner: MemoryStore, sim: Chaos, inc: Incarnation) -> None:
@@ -283,9 +285,6 @@ class FaultyStore(Store):
             raise StoreUnavailable("connection lost after the request was sent")
         return result
 
-    def claim(self, job: str, slot_ms: int, owner: str, lease: float) -> Claim:
-        return self.claim_many([ClaimRequest(job, slot_ms, lease)], owner)[0]
-
     def claim_many(self, requests: Sequence[ClaimRequest], owner: str) -> list[Claim]:
         def step() -> list[Claim]:
             before = self.inner.states([r.job for r in requests])
@@ -311,22 +310,12 @@ class FaultyStore(Store):
                 self.sim.token_won(claim.holder)
         return claims
 
-    def takeover(self, job: str, slot_ms: int, owner: str, lease: float, seen_token: int) -> Claim:
-        claim: Claim = self._call(
-            lambda: self.inner.takeover(job, slot_ms, owner, lease, seen_token)
-        )
-        if claim.won and claim.holder is not None:
-            self.sim.token_won(claim.holder)
-        return claim
-
-    def renew(self, job: str, token: int, lease: float) -> bool:
-        return bool(self._call(lambda: self.inner.renew(job, token, lease)))
-
-    def dispatch(self, job: str, token: int, pickup: float) -> bool:
-        return bool(self._call(lambda: self.inner.dispatch(job, token, pickup)))
-
-    def _end(self, job: str, token: int, state: RunState) -> bool:
-        return bool(self._call(lambda: self.inner._end(job, token, state)))
+    def takeover_many(self, requests: Sequence[TakeoverRequest], owner: str) -> list[Claim]:
+        claims: list[Claim] = self._call(lambda: self.inner.takeover_many(requests, owner))
+        for claim in claims:
+            if claim.won and claim.holder is not None:
+                self.sim.token_won(claim.holder)
+        return claims
 
     def change_many(self, changes: Sequence[Change]) -> list[bool]:
         # One call, as on a server: a fault hits the whole batch (a lost reply
@@ -339,8 +328,6 @@ class FaultyStore(Store):
 
     def history(self, job: str, limit: int = 20) -> list[RunRecord]:
         return self.inner.history(job, limit)
-
-    keeps_registry = True
 
     def _announce(self, instance: str, info: str, ttl: float) -> list[InstanceRecord]:
         return list(self._call(lambda: self.inner._announce(instance, info, ttl)))

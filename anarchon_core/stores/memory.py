@@ -9,46 +9,47 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Iterable
-from dataclasses import dataclass, replace
-from typing import Any
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from typing import Any, TypeVar
 
+from .. import decide
 from ..clock import Clock, SystemClock
+from ..decide import Decision, Record
 from ..errors import Conflict
 from ..store import (
     HELD_STATES,
     HISTORY,
     NAMESPACE_PAUSE,
+    Change,
     Claim,
-    ClaimStatus,
+    ClaimRequest,
+    ControlStore,
     InstanceRecord,
     JobState,
     JobStats,
+    LeaseStore,
+    RegistryStore,
     RunRecord,
     RunState,
-    Store,
+    TakeoverRequest,
 )
 from ..urls import url_options
 
-
-@dataclass
-class _Record:
-    slot_ms: int
-    owner: str
-    attempt: int
-    token: int
-    state: RunState
-    lease_until: float
+A = TypeVar("A")
 
 
-class MemoryStore(Store):
-    """The store contract kept in a dict. ``clock`` plays the server's clock."""
+class MemoryStore(LeaseStore, RegistryStore, ControlStore):
+    """The store contract kept in a dict. ``clock`` plays the server's clock.
+
+    Each step applies the decision of :mod:`anarchon_core.decide` under the lock.
+    """
 
     def __init__(self, *, namespace: str = "default", clock: Clock | None = None) -> None:
         super().__init__(namespace=namespace)
         self._clock = clock or SystemClock()
         self._lock = threading.Lock()
-        self._records: dict[str, _Record] = {}
+        self._records: dict[str, Record] = {}
         self._history: dict[str, deque[RunRecord]] = {}
         #: Instance -> (info JSON, announced at, expires at).
         self._registry: dict[str, tuple[str, float, float]] = {}
@@ -66,15 +67,28 @@ class MemoryStore(Store):
         url_options(url, "memory", ())
         return cls(namespace=namespace, **options)
 
-    def _state(self, job: str, rec: _Record, now: float) -> JobState:
-        return JobState(
-            job, rec.slot_ms, rec.owner, rec.attempt, rec.token, rec.state, rec.lease_until - now
-        )
-
-    def _end_current(self, job: str, state: RunState, now: float) -> None:
-        runs = self._history.get(job)
-        if runs and runs[0].ended_at is None:
-            runs[0] = replace(runs[0], state=state, ended_at=now)
+    def _apply(self, job: str, decision: Decision[A], now: float) -> A:
+        """Write what ``decision`` says (record, history, counts) and give its answer."""
+        new = decision.record
+        if new is None:
+            return decision.answer
+        runs = self._history.setdefault(job, deque(maxlen=HISTORY))
+        if decision.previous is not None and runs and runs[0].ended_at is None:
+            ended = None if decision.previous in HELD_STATES else now
+            runs[0] = replace(runs[0], state=decision.previous, ended_at=ended)
+        if decision.started:
+            self._count(job, 0)
+            if new.attempt > 1:
+                self._count(job, 1)
+            runs.appendleft(
+                RunRecord(job, new.slot_ms, new.attempt, new.token, new.owner, new.state, now, None)
+            )
+        if decision.ended is RunState.DONE:
+            self._count(job, 2, now)
+        elif decision.ended is RunState.FAILED:
+            self._count(job, 3, now)
+        self._records[job] = new
+        return decision.answer
 
     def _count(self, job: str, field: int, at: float | None = None) -> None:
         counts = self._counts.setdefault(job, [0, 0, 0, 0, None, None])
@@ -86,32 +100,16 @@ class MemoryStore(Store):
         with self._lock:
             return {job: JobStats(job, *self._counts[job]) for job in jobs if job in self._counts}
 
-    def _start(self, job: str, rec: _Record, now: float) -> None:
-        self._count(job, 0)
-        if rec.attempt > 1:
-            self._count(job, 1)
-        runs = self._history.setdefault(job, deque(maxlen=HISTORY))
-        runs.appendleft(
-            RunRecord(job, rec.slot_ms, rec.attempt, rec.token, rec.owner, rec.state, now, None)
-        )
-
-    def claim(self, job: str, slot_ms: int, owner: str, lease: float) -> Claim:
+    def claim_many(self, requests: Sequence[ClaimRequest], owner: str) -> list[Claim]:
         with self._lock:
             now = self._clock.time()
-            rec = self._records.get(job)
-            if self._paused & {job, NAMESPACE_PAUSE}:
-                return Claim(ClaimStatus.PAUSED, self._state(job, rec, now) if rec else None)
-            if rec is not None:
-                refusal = self._refusal(slot_ms, self._state(job, rec, now))
-                if refusal is not None:
-                    return refusal
-                if rec.state not in (RunState.DONE, RunState.FAILED):
-                    self._end_current(job, RunState.ABANDONED, now)
-            token = rec.token + 1 if rec else 1
-            rec = _Record(slot_ms, owner, 1, token, RunState.RUNNING, now + lease)
-            self._records[job] = rec
-            self._start(job, rec, now)
-            return Claim(ClaimStatus.WON, self._state(job, rec, now))
+            claims = []
+            for r in requests:
+                paused = bool(self._paused & {r.job, NAMESPACE_PAUSE})
+                old = self._records.get(r.job)
+                step = decide.claim(old, r.job, r.slot_ms, owner, r.lease, now, paused=paused)
+                claims.append(self._apply(r.job, step, now))
+            return claims
 
     def _set_pause(self, key: str, on: bool) -> bool:
         with self._lock:
@@ -142,72 +140,39 @@ class MemoryStore(Store):
             self._entries[key] = (self._versions, value)
             return self._versions
 
-    def takeover(self, job: str, slot_ms: int, owner: str, lease: float, seen_token: int) -> Claim:
+    def takeover_many(self, requests: Sequence[TakeoverRequest], owner: str) -> list[Claim]:
         with self._lock:
             now = self._clock.time()
-            rec = self._records.get(job)
-            if rec is None:
-                return Claim(ClaimStatus.TAKEN, None)
-            current = self._state(job, rec, now)
-            if rec.slot_ms != slot_ms or rec.token != seen_token or not current.lapsed:
-                return Claim(ClaimStatus.TAKEN, current)
-            if rec.state is RunState.RUNNING:
-                self._end_current(job, RunState.LOST, now)
-            rec = _Record(
-                slot_ms, owner, rec.attempt + 1, rec.token + 1, RunState.RUNNING, now + lease
-            )
-            self._records[job] = rec
-            self._start(job, rec, now)
-            return Claim(ClaimStatus.WON, self._state(job, rec, now))
+            return [
+                self._apply(
+                    r.job,
+                    decide.takeover(
+                        self._records.get(r.job),
+                        r.job,
+                        r.slot_ms,
+                        owner,
+                        r.lease,
+                        r.seen_token,
+                        now,
+                    ),
+                    now,
+                )
+                for r in requests
+            ]
 
-    def _held(self, job: str, token: int) -> _Record | None:
-        """The record of ``job`` if it carries ``token`` and holds the lease."""
-        rec = self._records.get(job)
-        if rec is None or rec.token != token or rec.state not in HELD_STATES:
-            return None
-        return rec
-
-    def renew(self, job: str, token: int, lease: float) -> bool:
-        return self._hold(job, token, RunState.RUNNING, lease)
-
-    def dispatch(self, job: str, token: int, pickup: float) -> bool:
-        return self._hold(job, token, RunState.DISPATCHED, pickup)
-
-    def _hold(self, job: str, token: int, state: RunState, lease: float) -> bool:
+    def change_many(self, changes: Sequence[Change]) -> list[bool]:
         with self._lock:
-            rec = self._held(job, token)
-            if rec is None:
-                return False
-            rec.state, rec.lease_until = state, self._clock.time() + float(lease)
-            runs = self._history.get(job)
-            if runs and runs[0].token == token and runs[0].ended_at is None:
-                runs[0] = replace(runs[0], state=state)
-            return True
-
-    def _end(self, job: str, token: int, state: RunState) -> bool:
-        with self._lock:
-            current = self._records.get(job)
-            if current is not None and current.token == token and current.state is state:
-                return True  # the same end, re-sent after its reply was lost
-            rec = self._held(job, token)
-            if rec is None:
-                return False
             now = self._clock.time()
-            rec.state, rec.lease_until = state, now
-            self._end_current(job, state, now)
-            if state is RunState.DONE:
-                self._count(job, 2, now)
-            elif state is RunState.FAILED:
-                self._count(job, 3, now)
-            return True
+            return [
+                self._apply(c.job, decide.change(self._records.get(c.job), c, now), now)
+                for c in changes
+            ]
 
     def states(self, jobs: Iterable[str]) -> dict[str, JobState]:
         with self._lock:
             now = self._clock.time()
             return {
-                job: self._state(job, rec, now)
-                for job in jobs
-                if (rec := self._records.get(job)) is not None
+                job: rec.view(now) for job in jobs if (rec := self._records.get(job)) is not None
             }
 
     def history(self, job: str, limit: int = 20) -> list[RunRecord]:
@@ -217,8 +182,6 @@ class MemoryStore(Store):
     def jobs(self) -> list[str]:
         with self._lock:
             return sorted(self._records)
-
-    keeps_registry = True
 
     def _announce(self, instance: str, info: str, ttl: float) -> list[InstanceRecord]:
         with self._lock:

@@ -79,9 +79,11 @@ from nats.aio.client import Client
 from nats.js import api
 from nats.js.kv import KeyValue
 
+from .. import decide
 from ..clock import Clock, SystemClock
+from ..decide import Decision, Record
 from ..durations import store_timeout
-from ..errors import ConfigurationError, Conflict, StoreUnavailable
+from ..errors import ConfigurationError, Conflict, DamagedRecord, StoreUnavailable
 from ..store import (
     HELD_STATES,
     HISTORY,
@@ -89,12 +91,15 @@ from ..store import (
     Claim,
     ClaimRequest,
     ClaimStatus,
+    ControlStore,
     InstanceRecord,
     JobState,
     JobStats,
+    LeasesByObservation,
+    RegistryStore,
     RunRecord,
     RunState,
-    Store,
+    TakeoverRequest,
     refused_if_any,
 )
 from ..urls import redact, scrub, secrets_in, url_options
@@ -112,14 +117,42 @@ _Decide = Callable[[_Record | None, JobState | None], tuple[_Record | None, T]]
 
 
 def _each_answered(answers: list[T | BaseException]) -> list[T]:
-    """The answers of a batch's steps run together: an outage (or a cancelled
-    step) is raised; an error of one step alone is that step's answer."""
+    """The answers of a batch's steps run together: a damaged record is its step's
+    refusal; any other error (an outage, a cancelled step, a bug) is raised."""
     for answer in answers:
-        if isinstance(answer, _UNAVAILABLE) or (
-            isinstance(answer, BaseException) and not isinstance(answer, Exception)
-        ):
+        if isinstance(answer, BaseException) and not isinstance(answer, DamagedRecord):
             raise answer
     return refused_if_any(answers)
+
+
+#: The fields of a job's record, and the types each must have.
+_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "slot_ms": int,
+    "owner": str,
+    "attempt": int,
+    "token": int,
+    "state": str,
+    "lease": (int, float),
+    "runs": list,
+}
+
+
+def _decoded(job: str, value: bytes) -> _Record:
+    """The record of ``job`` from its value, or DamagedRecord if no store step wrote it."""
+    try:
+        record = json.loads(value)
+    except ValueError as exc:
+        raise DamagedRecord(f"the record of {job!r} is not JSON ({exc})") from exc
+    if not isinstance(record, dict):
+        raise DamagedRecord(f"the record of {job!r} is not a JSON object")
+    for name, kind in _FIELDS.items():
+        if not isinstance(record.get(name), kind) or isinstance(record.get(name), bool):
+            raise DamagedRecord(f"the record of {job!r} has no valid {name!r}")
+    if record["state"] not in {state.value for state in RunState}:
+        raise DamagedRecord(f"the record of {job!r} has an unknown state {record['state']!r}")
+    if record["state"] not in _HELD and not isinstance(record.get("ended_at"), (int, float)):
+        raise DamagedRecord(f"the record of {job!r} has ended with no valid 'ended_at'")
+    return record
 
 
 #: A record's counts (``counts``): runs, takeovers, done, failed, last done, last failed.
@@ -185,10 +218,8 @@ def _end(runs: list[list[Any]], state: RunState, at: float | None) -> list[list[
     return runs
 
 
-class NatsStore(Store):
+class NatsStore(LeasesByObservation, RegistryStore, ControlStore):
     """The store contract on a NATS JetStream key-value bucket (see the module docstring)."""
-
-    leases_by_observation = True
 
     def __init__(
         self,
@@ -338,7 +369,7 @@ class NatsStore(Store):
         except nats.js.errors.KeyNotFoundError:
             return None
         assert entry.value is not None and entry.revision is not None
-        return json.loads(entry.value), entry.revision
+        return _decoded(job, entry.value), entry.revision
 
     def _state(self, job: str, record: _Record, revision: int) -> JobState:
         seen = self._seen.get(job)
@@ -398,59 +429,51 @@ class NatsStore(Store):
             return answer
         raise StoreUnavailable(f"NATS {self.bucket}: {job!r} changed {_ROUNDS} times in a row")
 
-    def _attempt(
-        self, old: _Record | None, ended: RunState, job: str, slot_ms: int, owner: str, lease: float
-    ) -> tuple[_Record, Claim]:
-        """A new attempt (1 for a new slot, previous + 1 for the same slot), won.
+    def _deciding(
+        self, job: str, rule: Callable[[Record | None, float], Decision[T]]
+    ) -> _Decide[T]:
+        """The compare-and-set decision of ``rule`` (one of :mod:`anarchon_core.decide`).
 
-        The previous attempt, if still open in the history, ends as ``ended``.
+        The lease is judged by this observer's monotonic clock (the module
+        docstring says why); the history's and counts' times are its wall clock.
         """
-        now = self._clock.time()
-        runs = _end(list(old["runs"]) if old else [], ended, now)
-        attempt = old["attempt"] + 1 if old and old["slot_ms"] == slot_ms else 1
-        token = old["token"] + 1 if old else 1
-        runs.insert(0, [slot_ms, attempt, token, owner, RunState.RUNNING.value, now, None])
-        counts = _counted(old, "runs")
-        if attempt > 1:
-            counts = _counted({"counts": counts}, "takeovers")
-        new = {"job": job, "slot_ms": slot_ms, "owner": owner, "attempt": attempt,
-               "token": token, "state": RunState.RUNNING.value, "lease": lease, "ended_at": None,
-               "runs": runs[:HISTORY], "counts": counts}  # fmt: skip
-        mine = JobState(job, slot_ms, owner, attempt, token, RunState.RUNNING, lease)
-        return new, Claim(ClaimStatus.WON, mine)
 
-    def _claiming(self, job: str, slot_ms: int, owner: str, lease: float) -> _Decide[Claim]:
-        def decide(old: _Record | None, current: JobState | None) -> tuple[_Record | None, Claim]:
-            refusal = self._refusal(slot_ms, current)
-            if refusal is not None:
-                return None, refusal
-            return self._attempt(old, RunState.ABANDONED, job, slot_ms, owner, lease)
+        def decide_(old: _Record | None, current: JobState | None) -> tuple[_Record | None, T]:
+            now = self._clock.monotonic()
+            decision = rule(Record.of(current, now) if current is not None else None, now)
+            if decision.record is None:
+                return None, decision.answer
+            return self._written(old, decision, now), decision.answer
 
-        return decide
+        return decide_
 
-    def _changing(self, token: int, lease: float, state: RunState) -> _Decide[bool]:
-        """Renew (``state`` running), dispatch or end the run, while it carries ``token``.
-
-        An end the record already has (with ``token``) is answered ``True``, unwritten.
-        """
-        now = self._clock.time()
-        holding = state.value in _HELD
-
-        def decide(old: _Record | None, current: JobState | None) -> tuple[_Record | None, bool]:
-            if old is None or old["token"] != token:
-                return None, False
-            if old["state"] not in _HELD:
-                return None, old["state"] == state.value and not holding
-            ended_at = None if holding else now
-            runs = old["runs"]
-            if old["state"] != state.value:  # an end, or between running and dispatched
-                runs = _end(runs, state, ended_at)
-            new = {**old, "state": state.value, "lease": lease, "ended_at": ended_at, "runs": runs}
-            if state in (RunState.DONE, RunState.FAILED):
-                new["counts"] = _counted(old, state.value, now)
-            return new, True
-
-        return decide
+    def _written(self, old: _Record | None, decision: Decision[Any], now: float) -> _Record:
+        """The value to write for ``decision``: the record, its history and its counts."""
+        new = decision.record
+        assert new is not None
+        wall = self._clock.time()
+        runs: list[list[Any]] = list(old["runs"]) if old else []
+        counts = (old or {}).get("counts")
+        if decision.previous is not None:
+            held = decision.previous.value in _HELD
+            runs = _end(runs, decision.previous, None if held else wall)
+        if decision.started:
+            runs.insert(
+                0, [new.slot_ms, new.attempt, new.token, new.owner, new.state.value, wall, None]
+            )
+            counts = _counted(old, "runs")
+            if new.attempt > 1:
+                counts = _counted({"counts": counts}, "takeovers")
+        if decision.ended is not None:
+            counts = _counted(old, decision.ended.value, wall)
+        holding = new.state.value in _HELD
+        record = {"job": new.job, "slot_ms": new.slot_ms, "owner": new.owner,
+                  "attempt": new.attempt, "token": new.token, "state": new.state.value,
+                  "lease": new.lease_until - now if holding else 0.0,
+                  "ended_at": None if holding else wall, "runs": runs[:HISTORY]}  # fmt: skip
+        if counts is not None:
+            record["counts"] = counts
+        return record
 
     # -- the steps ----------------------------------------------------------
 
@@ -458,42 +481,42 @@ class NatsStore(Store):
     def _paused(current: JobState | None) -> Claim:
         return Claim(ClaimStatus.PAUSED, current)
 
-    def claim(self, job: str, slot_ms: int, owner: str, lease: float) -> Claim:
-        decide = self._claiming(job, slot_ms, owner, lease)
-        return self._run(lambda: self._cas(job, decide, self._paused))
+    def _claiming(self, job: str, slot_ms: int, owner: str, lease: float) -> _Decide[Claim]:
+        return self._deciding(
+            job, lambda old, now: decide.claim(old, job, slot_ms, owner, lease, now)
+        )
 
     def claim_many(self, requests: Sequence[ClaimRequest], owner: str) -> list[Claim]:
         """Every claim at once on the loop: the batch waits for one round trip, not many."""
 
         async def batch() -> list[Claim]:
-            decide = (self._claiming(r.job, r.slot_ms, owner, r.lease) for r in requests)
+            rules = (self._claiming(r.job, r.slot_ms, owner, r.lease) for r in requests)
             steps = (
-                self._cas(r.job, d, self._paused) for r, d in zip(requests, decide, strict=True)
+                self._cas(r.job, d, self._paused) for r, d in zip(requests, rules, strict=True)
             )
             return _each_answered(await asyncio.gather(*steps, return_exceptions=True))
 
         return self._run(batch) if requests else []
 
-    def takeover(self, job: str, slot_ms: int, owner: str, lease: float, seen_token: int) -> Claim:
-        def decide(old: _Record | None, current: JobState | None) -> tuple[_Record | None, Claim]:
-            if (
-                current is None
-                or (current.slot_ms, current.token) != (slot_ms, seen_token)
-                or not current.lapsed
-            ):
-                return None, Claim(ClaimStatus.TAKEN, current)
-            return self._attempt(old, RunState.LOST, job, slot_ms, owner, lease)
+    def takeover_many(self, requests: Sequence[TakeoverRequest], owner: str) -> list[Claim]:
+        """Every takeover at once on the loop, as :meth:`claim_many`."""
 
-        return self._run(lambda: self._cas(job, decide))
+        def rule(r: TakeoverRequest) -> _Decide[Claim]:
+            return self._deciding(
+                r.job,
+                lambda old, now: decide.takeover(
+                    old, r.job, r.slot_ms, owner, r.lease, r.seen_token, now
+                ),
+            )
 
-    def renew(self, job: str, token: int, lease: float) -> bool:
-        return self._run(lambda: self._cas(job, self._changing(token, lease, RunState.RUNNING)))
+        async def batch() -> list[Claim]:
+            steps = (self._cas(r.job, rule(r)) for r in requests)
+            return _each_answered(await asyncio.gather(*steps, return_exceptions=True))
 
-    def dispatch(self, job: str, token: int, pickup: float) -> bool:
-        return self._run(lambda: self._cas(job, self._changing(token, pickup, RunState.DISPATCHED)))
+        return self._run(batch) if requests else []
 
-    def _end(self, job: str, token: int, state: RunState) -> bool:
-        return self._run(lambda: self._cas(job, self._changing(token, 0.0, state)))
+    def _changing(self, change: Change) -> _Decide[bool]:
+        return self._deciding(change.job, lambda old, now: decide.change(old, change, now))
 
     def change_many(self, changes: Sequence[Change]) -> list[bool]:
         """The changes of different jobs at once on the loop; those of one job in order.
@@ -506,8 +529,8 @@ class NatsStore(Store):
             for i in indexes:
                 c = changes[i]
                 try:
-                    answer: Any = await self._cas(c.job, self._changing(c.token, c.lease, c.state))
-                except Exception as exc:  # answered as gather(return_exceptions=True) would
+                    answer: Any = await self._cas(c.job, self._changing(c))
+                except DamagedRecord as exc:  # this change's refusal, as claim_many answers it
                     answer = exc
                 answers.append((i, answer))
             return answers
@@ -657,8 +680,6 @@ class NatsStore(Store):
             raise Conflict(key, expected, found)
 
         return self._run(cas)
-
-    keeps_registry = True
 
     def _announce(self, instance: str, info: str, ttl: float) -> list[InstanceRecord]:
         return self._run(lambda: self._registry(instance, info, ttl))

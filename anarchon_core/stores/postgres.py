@@ -83,12 +83,17 @@ from ..store import (
     Claim,
     ClaimRequest,
     ClaimStatus,
+    ControlStore,
     InstanceRecord,
     JobState,
     JobStats,
+    LeaseStore,
+    RegistryStore,
     RunRecord,
     RunState,
-    Store,
+    TakeoverRequest,
+    item_by_item,
+    one_by_one,
 )
 from ..urls import redact, scrub, secrets_in
 
@@ -352,7 +357,7 @@ def _recording(store: PostgresStore) -> type[psycopg.Connection[Any]]:
     return Recording
 
 
-class PostgresStore(Store):
+class PostgresStore(LeaseStore, RegistryStore, ControlStore):
     """The store contract on PostgreSQL; see the module docstring."""
 
     def __init__(
@@ -548,22 +553,26 @@ class PostgresStore(Store):
             return Claim(ClaimStatus.WON, self._job_state(won))
         return self._lost(slot_ms, self._job_state(found) if found else None)
 
-    def claim(self, job: str, slot_ms: int, owner: str, lease: float) -> Claim:
-        return self.claim_many([ClaimRequest(job, slot_ms, lease)], owner)[0]
-
     def claim_many(self, requests: Sequence[ClaimRequest], owner: str) -> list[Claim]:
         """One statement claims every job, one more reads the holders of those it lost:
         one pipeline, one round trip, one implicit transaction.
 
         The statement takes the rows in name order, so two batches cannot
         deadlock. The holders are read by a statement of their own, after the
-        claims: its snapshot sees the winners that made a claim lose.
+        claims: its snapshot sees the winners that made a claim lose. A batch
+        the server refuses (having applied nothing) is sent again claim by
+        claim, so that only the claims it refuses alone are refused.
         """
         if not requests:
             return []
         if len({r.job for r in requests}) < len(requests):
             # One statement cannot change a row twice: each claim on its own.
-            return [self.claim(r.job, r.slot_ms, owner, r.lease) for r in requests]
+            return one_by_one(
+                lambda r: self.claim(r.job, r.slot_ms, owner, r.lease), requests, psycopg.Error
+            )
+        return item_by_item(lambda batch: self._claim_batch(batch, owner), requests, psycopg.Error)
+
+    def _claim_batch(self, requests: Sequence[ClaimRequest], owner: str) -> list[Claim]:
         params = {
             "owner": owner,
             "jobs": [r.job for r in requests],
@@ -585,9 +594,13 @@ class PostgresStore(Store):
             for r in requests
         ]
 
-    def takeover(self, job: str, slot_ms: int, owner: str, lease: float, seen_token: int) -> Claim:
-        params = {"job": job, "slot": slot_ms, "owner": owner, "lease": lease, "token": seen_token}
-        won, found = self._write("takeover", params)
+    def takeover_many(self, requests: Sequence[TakeoverRequest], owner: str) -> list[Claim]:
+        """Each takeover in turn, its own transaction; one the server refuses is refused alone."""
+        return one_by_one(lambda r: self._takeover(r, owner), requests, psycopg.Error)
+
+    def _takeover(self, r: TakeoverRequest, owner: str) -> Claim:
+        params = {"job": r.job, "slot": r.slot_ms, "owner": owner, "lease": r.lease}
+        won, found = self._write("takeover", {**params, "token": r.seen_token})
         if won:
             return Claim(ClaimStatus.WON, self._job_state(won))
         return Claim(ClaimStatus.TAKEN, self._job_state(found) if found else None)
@@ -631,19 +644,17 @@ class PostgresStore(Store):
             conn.execute(self._sql["control_put"], params)
             return int(version)
 
-    def renew(self, job: str, token: int, lease: float) -> bool:
-        return self._change("renew", job=job, token=token, lease=lease)
-
-    def dispatch(self, job: str, token: int, pickup: float) -> bool:
-        return self._change("dispatch", job=job, token=token, lease=pickup)
-
-    def _end(self, job: str, token: int, state: RunState) -> bool:
-        return self._change("end", job=job, token=token, state=state.value)
-
     def change_many(self, changes: Sequence[Change]) -> list[bool]:
-        """Every change in one pipeline, rows taken in job-name order: one round trip."""
+        """Every change in one pipeline, rows taken in job-name order: one round trip.
+
+        A batch the server refuses (having applied nothing) is sent again
+        change by change, so that only the changes it refuses alone are refused.
+        """
         if not changes:
             return []
+        return item_by_item(self._change_batch, changes, psycopg.Error)
+
+    def _change_batch(self, changes: Sequence[Change]) -> list[bool]:
         order = sorted(range(len(changes)), key=lambda i: changes[i].job)
         with self._connection() as conn:
             with conn.pipeline():
@@ -672,8 +683,6 @@ class PostgresStore(Store):
         with self._connection() as conn:
             # Sorted here rather than by the server's collation, as in every store.
             return sorted(row[0] for row in conn.execute(self._sql["jobs"]).fetchall())
-
-    keeps_registry = True
 
     def _announce(self, instance: str, info: str, ttl: float) -> list[InstanceRecord]:
         params = {"instance": instance, "info": info, "ttl": ttl}

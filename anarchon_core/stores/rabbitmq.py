@@ -21,11 +21,12 @@ atomic on its own. A won claim reports attempt 1, ``token == slot_ms`` (so
 tokens still rise with every claim of a job) and ``lease_remaining`` 0; a lost
 one reports TAKEN with no holder (the broker does not say who won).
 
-**There is no lease.** ``renew``, ``dispatch``, ``finish`` and ``release`` do
-nothing and return True, ``takeover`` is always TAKEN, and ``states``, ``history`` and
-``jobs`` are empty: nothing is recorded but the queues. The engine knows this
-(``supports_lease = False``). The failure scenarios of ``docs/failure-scenarios.md``
-on RabbitMQ:
+**There is no lease.** The store is a :class:`~anarchon_core.store.ClaimOnlyStore`,
+no :class:`~anarchon_core.store.LeaseStore`: it has no ``renew`` nor ``takeover``;
+the end of a run and a hand-off, which the engine sends whatever the store,
+are answered True with nothing recorded; ``states``, ``history`` and ``jobs``
+are empty: nothing is recorded but the queues. The failure scenarios of
+``docs/failure-scenarios.md`` on RabbitMQ:
 
 - normal slot, N instances: exactly one runs it. **Holds.**
 - rolling deploy: claims are by slot id, no slot runs twice. **Holds.**
@@ -276,12 +277,11 @@ class RabbitMQStore(ClaimOnlyStore):
             ClaimStatus.WON, JobState(job, slot_ms, owner, 1, slot_ms, RunState.RUNNING, 0.0)
         )
 
-    def claim(self, job: str, slot_ms: int, owner: str, lease: float) -> Claim:
-        """Win ``slot_ms`` of ``job`` if no one has; ``lease`` is ignored (no lease)."""
-        return self._call(lambda channel: self._claim(channel, job, slot_ms, owner))
-
     def claim_many(self, requests: Sequence[ClaimRequest], owner: str) -> list[Claim]:
-        """Claim each slot in turn on one channel; a retry resumes where it failed."""
+        """Win each slot no one has, in turn on one channel; a retry resumes where it failed.
+
+        ``lease`` is ignored (no lease).
+        """
         claims: list[Claim] = []
 
         def step(channel: Any) -> list[Claim]:

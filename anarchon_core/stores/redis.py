@@ -100,12 +100,15 @@ from ..store import (
     Claim,
     ClaimRequest,
     ClaimStatus,
+    ControlStore,
     InstanceRecord,
     JobState,
     JobStats,
+    LeaseStore,
+    RegistryStore,
     RunRecord,
     RunState,
-    Store,
+    TakeoverRequest,
     refused_if_any,
 )
 from ..urls import redact, scrub, url_options
@@ -454,7 +457,7 @@ def _sentinel_client(parts: Any, query: list[tuple[str, str]], options: dict[str
     return client
 
 
-class RedisStore(Store):
+class RedisStore(LeaseStore, RegistryStore, ControlStore):
     """The store contract on a Redis or Valkey server. See the module docstring.
 
     Pass a ``redis.Redis`` client (the store never closes it; give it socket
@@ -632,20 +635,6 @@ class RedisStore(Store):
                     raise answer
         return results
 
-    def _run_script(
-        self,
-        script: Script,
-        job: str,
-        args: list[Any],
-        names: Sequence[str] = (),
-        last_key: str | None = None,
-    ) -> Any:
-        """``script`` for one job: its answer, or its error raised."""
-        (reply,) = self._run_scripts(script, [(job, args)], names, last_key)
-        if isinstance(reply, Exception):
-            raise reply
-        return reply
-
     def _script_call(
         self, calls: Sequence[tuple[str, list[Any]]], chunk: list[int]
     ) -> tuple[list[str], list[Any]]:
@@ -746,13 +735,6 @@ class RedisStore(Store):
         states = self.states(jobs)
         return [Claim(ClaimStatus.PAUSED, states.get(job)) for job in jobs]
 
-    def claim(self, job: str, slot_ms: int, owner: str, lease: float) -> Claim:
-        if (paused := self._paused_on_cluster([job])) is not None:
-            return paused[0]
-        args = [slot_ms, owner, round(lease * 1000)]
-        reply = self._run_script(self._claim_script, job, args, [job], self._pause_key)
-        return self._claim(job, reply)
-
     def claim_many(self, requests: Sequence[ClaimRequest], owner: str) -> list[Claim]:
         if not requests:
             return []
@@ -768,22 +750,18 @@ class RedisStore(Store):
             ]
         )
 
-    def takeover(self, job: str, slot_ms: int, owner: str, lease: float, seen_token: int) -> Claim:
-        args = [slot_ms, owner, round(lease * 1000), seen_token]
-        return self._claim(job, self._run_script(self._takeover_script, job, args))
-
-    def _held(self, job: str, token: int, state: RunState, lease: float = 0) -> bool:
-        args = [token, state.value, round(lease * 1000)]
-        return int(self._run_script(self._held_script, job, args)) == 1
-
-    def renew(self, job: str, token: int, lease: float) -> bool:
-        return self._held(job, token, RunState.RUNNING, lease)
-
-    def dispatch(self, job: str, token: int, pickup: float) -> bool:
-        return self._held(job, token, RunState.DISPATCHED, pickup)
-
-    def _end(self, job: str, token: int, state: RunState) -> bool:
-        return self._held(job, token, state)
+    def takeover_many(self, requests: Sequence[TakeoverRequest], owner: str) -> list[Claim]:
+        """One pipeline per server of the takeover script's calls."""
+        if not requests:
+            return []
+        calls = [(r.job, [r.slot_ms, owner, round(r.lease * 1000), r.seen_token]) for r in requests]
+        replies = self._run_scripts(self._takeover_script, calls)
+        return refused_if_any(
+            [
+                reply if isinstance(reply, Exception) else self._claim(r.job, reply)
+                for r, reply in zip(requests, replies, strict=True)
+            ]
+        )
 
     def change_many(self, changes: Sequence[Change]) -> list[bool]:
         """One pipeline per server of the script calls of the changes."""
@@ -856,8 +834,6 @@ class RedisStore(Store):
                 for i, found in zip(indexes, pipe.execute(), strict=True):
                     exists[i] = bool(found)
         return [job for job, found in zip(names, exists, strict=True) if found]
-
-    keeps_registry = True
 
     def _registry(self, mode: str, instance: str = "", info: str = "", ttl: float = 0) -> Any:
         keys = [f"anarchon:{{{self.namespace}}}:instances", f"anarchon:{{{self.namespace}}}:seen"]

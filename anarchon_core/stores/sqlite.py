@@ -28,12 +28,15 @@ from ..store import (
     Claim,
     ClaimRequest,
     ClaimStatus,
+    ControlStore,
     InstanceRecord,
     JobState,
     JobStats,
+    LeaseStore,
+    RegistryStore,
     RunRecord,
     RunState,
-    Store,
+    TakeoverRequest,
 )
 from ..urls import scrub, url_options
 from . import _sql
@@ -68,7 +71,7 @@ def _locked(exc: sqlite3.OperationalError) -> bool:
     return code & 0xFF in (5, 6)  # SQLITE_BUSY, SQLITE_LOCKED
 
 
-class SQLDialectStore(Store):
+class SQLDialectStore(LeaseStore, RegistryStore, ControlStore):
     """The store contract over a DB-API connection speaking SQLite's SQL.
 
     Subclasses provide the connection and the exceptions that mean "the
@@ -169,9 +172,6 @@ class SQLDialectStore(Store):
             return Claim(ClaimStatus.PAUSED, holder)
         return self._lost(slot_ms, holder)
 
-    def claim(self, job: str, slot_ms: int, owner: str, lease: float) -> Claim:
-        return self.claim_many([ClaimRequest(job, slot_ms, lease)], owner)[0]
-
     def claim_many(self, requests: Sequence[ClaimRequest], owner: str) -> list[Claim]:
         if not requests:
             return []
@@ -182,24 +182,23 @@ class SQLDialectStore(Store):
             for i, request in enumerate(requests)
         ]
 
-    def takeover(self, job: str, slot_ms: int, owner: str, lease: float, seen_token: int) -> Claim:
-        values = {"job": job, "slot": slot_ms, "owner": owner, "lease": lease, "token": seen_token}
-        taken, read = self._write([(_sql.TAKEOVER, values), (_sql.READ, {"job": job})])
-        if taken.rows:
-            return Claim(ClaimStatus.WON, self._job_state(taken.rows[0]))
-        return Claim(ClaimStatus.TAKEN, self._job_state(read.rows[0]) if read.rows else None)
-
-    def _change(self, sql: str, **values: Any) -> bool:
-        return self._write([(sql, values)])[0].changed == 1
-
-    def renew(self, job: str, token: int, lease: float) -> bool:
-        return self._change(_sql.RENEW, job=job, token=token, lease=lease)
-
-    def dispatch(self, job: str, token: int, pickup: float) -> bool:
-        return self._change(_sql.DISPATCH, job=job, token=token, lease=pickup)
-
-    def _end(self, job: str, token: int, state: RunState) -> bool:
-        return self._change(_sql.END, job=job, token=token, state=state.value)
+    def takeover_many(self, requests: Sequence[TakeoverRequest], owner: str) -> list[Claim]:
+        """Every takeover, each followed by a read of the record it left, in one transaction."""
+        if not requests:
+            return []
+        statements = []
+        for r in requests:
+            values = {"job": r.job, "slot": r.slot_ms, "owner": owner, "lease": r.lease}
+            statements += [(_sql.TAKEOVER, {**values, "token": r.seen_token}), (_sql.READ, values)]
+        answers = self._write(statements)
+        claims = []
+        for taken, read in zip(answers[::2], answers[1::2], strict=True):
+            if taken.rows:
+                claims.append(Claim(ClaimStatus.WON, self._job_state(taken.rows[0])))
+            else:
+                holder = self._job_state(read.rows[0]) if read.rows else None
+                claims.append(Claim(ClaimStatus.TAKEN, holder))
+        return claims
 
     def change_many(self, changes: Sequence[Change]) -> list[bool]:
         """Every change in one transaction."""
@@ -234,7 +233,7 @@ class SQLDialectStore(Store):
             return [row[0] for row in conn.execute(_sql.JOBS, (self.namespace,)).fetchall()]
 
     def _set_pause(self, key: str, on: bool) -> bool:
-        return self._change(_sql.PAUSE if on else _sql.RESUME, job=key)
+        return self._write([(_sql.PAUSE if on else _sql.RESUME, {"job": key})])[0].changed == 1
 
     def _pause_marks(self) -> set[str]:
         with self._transaction(write=False) as conn:
@@ -259,8 +258,6 @@ class SQLDialectStore(Store):
             version = int(self._run(conn, _sql.CONTROL_COUNT).fetchone()[0])
             self._run(conn, _sql.CONTROL_PUT, key=key, version=version, value=value)
             return version
-
-    keeps_registry = True
 
     def _announce(self, instance: str, info: str, ttl: float) -> list[InstanceRecord]:
         announce = {"instance": instance, "info": info, "ttl": ttl}

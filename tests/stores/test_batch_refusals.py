@@ -134,3 +134,51 @@ def test_a_job_the_store_refuses_does_not_delay_the_others(url: str, namespace: 
     assert not [e for e in events if e.kind in ("takeover", "lost") and e.job == "healthy"]
     refused = [e for e in events if e.kind == "store_refused"]
     assert refused and {e.job for e in refused} == {"poisoned"}
+
+
+@pytest.mark.parametrize("kind", ["postgres_url", "postgres18_url"])
+def test_a_transaction_the_server_refuses_is_answered_item_by_item(
+    kind: str, request: pytest.FixtureRequest
+) -> None:
+    # PostgreSQL text cannot hold NUL: the server refuses that claim alone,
+    # and the batch's transaction with it; the other claim is still answered.
+    url = str(request.getfixturevalue(kind))
+    name = f"t{uuid.uuid4().hex[:10]}"
+    store = open_store(url, namespace=name)
+    try:
+        requests = [ClaimRequest("a", SLOT, 10), ClaimRequest("bad\x00", SLOT, 10)]
+        with pytest.raises(BatchRefused) as refused:
+            store.claim_many(requests, "x")
+        won, bad = refused.value.answers
+        assert won.won and isinstance(bad, Exception)
+        assert store.claim("a", SLOT, "y", 10).status is ClaimStatus.TAKEN
+        with pytest.raises(BatchRefused) as refused:
+            store.change_many(
+                [Change("a", won.holder.token, RunState.DONE), Change("bad\x00", 1, RunState.DONE)]
+            )
+        assert refused.value.answers[0] is True and isinstance(refused.value.answers[1], Exception)
+    finally:
+        store.close()
+        drop_namespace(url, name)
+
+
+def test_a_bug_in_a_nats_step_is_raised_not_refused(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from anarchon_core.stores.nats import NatsStore
+
+    name = f"t{uuid.uuid4().hex[:10]}"
+    store = open_store(nats_url, namespace=name)
+    try:
+        store.claim("a", SLOT - 10_000, "x", 10)
+
+        def broken(*args: object) -> None:
+            raise TypeError("a bug")
+
+        monkeypatch.setattr(NatsStore, "_state", broken)
+        with pytest.raises(TypeError, match="a bug"):
+            store.claim_many([ClaimRequest("a", SLOT, 10), ClaimRequest("b", SLOT, 10)], "x")
+    finally:
+        monkeypatch.undo()
+        store.close()
+        drop_namespace(nats_url, name)

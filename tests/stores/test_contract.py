@@ -17,7 +17,14 @@ from anarchon_core import (
     RunState,
     Store,
 )
-from anarchon_core.store import MIN_TTL
+from anarchon_core.store import (
+    MIN_TTL,
+    ClaimOnlyStore,
+    ControlStore,
+    LeasesByObservation,
+    LeaseStore,
+    RegistryStore,
+)
 from tests.stores.conftest import StoreFactory
 from tests.stores.racer import race
 
@@ -485,3 +492,19 @@ def test_the_registry_refuses_bad_input_before_writing(store: Store) -> None:
     with pytest.raises(TypeError):
         store.announce("a", {"x": object()}, 5)
     assert store.instances() == []
+
+
+def test_what_a_store_can_do_is_its_type(store: Store) -> None:
+    # The flags are derived from the type, and cannot be set apart from it.
+    assert store.supports_lease is isinstance(store, LeaseStore)
+    assert store.keeps_registry is isinstance(store, RegistryStore)
+    assert store.keeps_controls is isinstance(store, ControlStore)
+    assert store.leases_by_observation is isinstance(store, LeasesByObservation)
+    with pytest.raises(AttributeError):
+        store.supports_lease = True  # type: ignore[misc]
+    # Every store keeps leases, a registry and controls, but the claim-only one.
+    kinds = (LeaseStore, RegistryStore, ControlStore)
+    if isinstance(store, ClaimOnlyStore):
+        assert not any(isinstance(store, kind) for kind in kinds)
+    else:
+        assert all(isinstance(store, kind) for kind in kinds)

@@ -27,7 +27,7 @@ from anarchon_core import (
     redact,
 )
 from anarchon_core.cli import EXIT_CONFIG, EXIT_EMPTY, EXIT_OK, EXIT_UNREACHABLE, main
-from anarchon_core.store import Claim, ClaimRequest, JobState
+from anarchon_core.store import Change, Claim, ClaimRequest, JobState, refused_if_any
 from anarchon_core.stores.memory import MemoryStore
 from anarchon_core.urls import secrets_in
 from tests.servers import free_port
@@ -119,10 +119,14 @@ def test_one_job_the_store_refuses_does_not_stop_the_others() -> None:
 class RefusesOneEnd(MemoryStore):
     """Takes every claim; refuses, always and alone, the end of one job's runs."""
 
-    def _end(self, job: str, token: int, state: RunState) -> bool:
-        if job == "poisoned":
-            raise ValueError("the server cannot record this job's end")
-        return super()._end(job, token, state)
+    def change_many(self, changes: Sequence[Change]) -> list[bool]:
+        answers = [
+            ValueError("the server cannot record this job's end")
+            if change.job == "poisoned" and change.state is not RunState.RUNNING
+            else super(RefusesOneEnd, self).change_many([change])[0]
+            for change in changes
+        ]
+        return refused_if_any(answers)
 
 
 def test_a_run_whose_end_the_store_keeps_refusing_does_not_stop_the_others() -> None:

@@ -212,7 +212,8 @@ class FlakyStore(MemoryStore):
 
     def __getattribute__(self, name: str) -> object:
         attr = super().__getattribute__(name)
-        steps = {"claim", "claim_many", "takeover", "renew", "finish", "release", "states"}
+        steps = {"claim", "claim_many", "takeover", "change_many", "renew", "finish", "release"}
+        steps |= {"takeover_many", "states"}
         if name in steps and super().__getattribute__("down"):
             raise StoreUnavailable("connection refused")
         return attr

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 
 import pytest
 
-from anarchon_core import RunState
+from anarchon_core import Change, RunState
+from anarchon_core.decide import END_STATES
 from anarchon_core.handoff import ExecutionLease, HandOff
 from anarchon_core.stores.memory import MemoryStore
 
@@ -23,8 +25,10 @@ class Refusing(MemoryStore):
             raise RuntimeError("MISCONF Redis is configured to save RDB snapshots")
         return super().renew(job, token, lease)
 
-    def _end(self, job: str, token: int, state: RunState) -> bool:
-        raise RuntimeError("NOREPLICAS Not enough good replicas to write.")
+    def change_many(self, changes: Sequence[Change]) -> list[bool]:
+        if any(change.state in END_STATES for change in changes):  # finish, release
+            raise RuntimeError("NOREPLICAS Not enough good replicas to write.")
+        return super().change_many(changes)
 
 
 def ticket_for(store: MemoryStore, lease: float) -> HandOff:

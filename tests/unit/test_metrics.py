@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
-from anarchon_core import EventKind, Run, Scheduler, Store, StoreUnavailable
+from anarchon_core import EventKind, Run, Scheduler, StoreUnavailable
 from anarchon_core.metrics import Metrics
 from anarchon_core.stores.memory import MemoryStore
 from tests.sim import START, Cluster
@@ -253,7 +253,11 @@ def test_gauges_show_the_next_slot_the_lease_held_and_the_last_success() -> None
 
 
 #: Every call a scheduler (or a scrape) makes of its store.
-CALLS = {name for name in dir(Store) if not name.startswith("_") and callable(getattr(Store, name))}
+CALLS = {
+    name
+    for name in dir(MemoryStore)
+    if not name.startswith("_") and callable(getattr(MemoryStore, name))
+}
 
 
 class Outage(MemoryStore):
