@@ -177,8 +177,8 @@ class Scheduler(celery_beat.Scheduler):  # type: ignore[misc]
             jitter=defaults.jitter,
             catch_up=defaults.catch_up,
             inline=True,
+            resolve=self._stored_entry,
         )
-        engine.resolve = self._stored_entry
         with self._lock:
             self.engine = engine
             entries = self._entries = EntryJobs(engine, self.app, settings, self._dispatcher)

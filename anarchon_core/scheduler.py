@@ -129,7 +129,10 @@ class Scheduler:
     override them. ``listener`` receives every :class:`~anarchon_core.Event`.
     ``inline=True`` runs handlers in the scheduling thread, for handlers that
     only dispatch work elsewhere (Celery, Dramatiq): their slot is then
-    finished or handed off within the same step.
+    finished or handed off within the same step. ``resolve`` makes the handler
+    of a schedule stored at run time from its definition (None: this instance
+    has none); by default, the handler registered under its name with
+    :meth:`handler`.
     """
 
     def __init__(
@@ -147,6 +150,7 @@ class Scheduler:
         seed: int | None = None,
         listener: Callable[[Event], None] | None = None,
         inline: bool = False,
+        resolve: Callable[[Definition], Callable[..., Any] | None] | None = None,
     ) -> None:
         self._defaults = JobOptions.build(
             lease=lease, renew=renew, jitter=jitter, catch_up=catch_up, watch=watch
@@ -195,7 +199,7 @@ class Scheduler:
         #: Handlers that stored schedules may name (:meth:`handler`).
         self._handlers: dict[str, Callable[..., Any]] = {}
         #: What makes a stored schedule's handler here (None: this instance has none).
-        self.resolve: Callable[[Definition], Callable[..., Any] | None] = self._resolve
+        self.resolve: Callable[[Definition], Callable[..., Any] | None] = resolve or self._resolve
         #: The stored schedules applied here: name -> the definition's version.
         self._stored: dict[str, int] = {}
         #: Stored schedules not applied here, and why (reported once per version).
@@ -327,6 +331,11 @@ class Scheduler:
 
     def add_listener(self, listener: Callable[[Event], None]) -> None:
         self._emit.add_listener(listener)
+
+    @property
+    def clock(self) -> Clock:
+        """The clock this scheduler reads the time from (read-only)."""
+        return self._clock
 
     @property
     def stats(self) -> dict[str, int]:

@@ -176,8 +176,8 @@ class Anarchon(Middleware):
             jitter=defaults.jitter,
             catch_up=defaults.catch_up,
             inline=True,
+            resolve=lambda definition: self._stored(broker, engine, definition),
         )
-        engine.resolve = lambda definition: self._stored(broker, engine, definition)
         for spec in self.periodic.values():
             engine.add_job(
                 self._dispatcher(broker, engine, spec.actor_name),
