@@ -91,3 +91,23 @@ class Conflict(AnarchonError):
         now = "it does not exist" if found == 0 else f"it is at version {found}"
         was = "to be absent" if expected == 0 else f"at version {expected}"
         super().__init__(message or f"{key!r} changed meanwhile: expected {was}, {now}")
+
+
+class UnknownJob(AnarchonError, LookupError):
+    """A control named a job the namespace has no trace of."""
+
+
+class JobPaused(AnarchonError):
+    """A run-now request for a job (or namespace) that is paused: resume it first."""
+
+
+class SkipWork(AnarchonError):
+    """Handed-off work must not run: its attempt is stale, or the store cannot tell.
+
+    Raised by :func:`anarchon_core.handoff.take` in the worker that received
+    the work; ``stale`` is true when a later attempt of the slot was sent.
+    """
+
+    def __init__(self, reason: str, *, stale: bool) -> None:
+        super().__init__(reason)
+        self.stale = stale

@@ -21,6 +21,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigurationError
+from .errors import SkipWork as SkipWork  # defined with every error; importable here as before
 from .store import RunState, Store
 from .urls import open_store
 
@@ -195,14 +196,6 @@ class ExecutionLease:
         except Exception as exc:  # any store error, not only "unavailable"
             log.warning(failure, self.ticket.slot_id, exc)
             return None
-
-
-class SkipWork(Exception):
-    """The work must not run: its attempt is stale, or the store cannot tell."""
-
-    def __init__(self, reason: str, *, stale: bool) -> None:
-        super().__init__(reason)
-        self.stale = stale
 
 
 def take(url: str, ticket: HandOff) -> ExecutionLease:
