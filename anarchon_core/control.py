@@ -20,7 +20,8 @@ from typing import Any
 from .errors import ConfigurationError, Conflict
 from .errors import JobPaused as JobPaused  # defined with every error; importable here as before
 from .errors import UnknownJob as UnknownJob
-from .jobs import JobOptions, check_name
+from .jobs import JobOptions
+from .names import check_name
 from .schedules import Schedule, make_schedule
 from .slots import BACKFILL, Slot
 from .store import JobState, JobStats, Paused, RunRecord, Store

@@ -13,6 +13,7 @@ from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 from .errors import ConfigurationError, MissingDependency
+from .names import check_namespace as check_namespace  # importable from here as before
 from .store import Store
 
 #: scheme -> (module:Class, extra that installs its driver or None)
@@ -126,18 +127,6 @@ def scrub(text: str, secret: str | None) -> str:
         for form in sorted(forms, key=len, reverse=True):
             text = text.replace(form, "***")
     return text
-
-
-_NAMESPACE = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
-
-
-def check_namespace(namespace: str) -> str:
-    """Namespaces end up in keys and table names: keep them plain."""
-    if not isinstance(namespace, str) or not _NAMESPACE.match(namespace):
-        raise ConfigurationError(
-            f"namespace {namespace!r}: use 1-100 letters, digits, '_', '-', '.' or ':'"
-        )
-    return namespace
 
 
 def store_class(url: str) -> type[Store]:

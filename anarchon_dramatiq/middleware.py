@@ -55,8 +55,9 @@ from anarchon_core.handoff import (
 )
 from anarchon_core.jobs import DISPATCH_JITTER
 from anarchon_core.metrics import Metrics
+from anarchon_core.names import check_namespace
 from anarchon_core.probes import ProbeServer, serve_beside
-from anarchon_core.urls import check_namespace, redact
+from anarchon_core.urls import redact
 
 from .broker_store import broker_store_url
 from .declarations import OPTIONS, Periodic, read_declaration
