@@ -18,9 +18,9 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from .errors import ConfigurationError
+from .errors import ConfigurationError, DispatchFailed
 from .errors import SkipWork as SkipWork  # defined with every error; importable here as before
 from .store import RunState, Store
 from .urls import open_store
@@ -116,27 +116,121 @@ def tracked_ticket(info: Any) -> HandOff | None:
 
 
 _NOT_FINISHED = "anarchon: could not finish %s: %s"
-_stores: dict[tuple[str, str], Store] = {}
-_stores_lock = threading.Lock()
-#: Leases held by work running in this process, released if it goes down.
-_running: set[ExecutionLease] = set()
+
+#: What a dispatcher sends with the ticket: built before the hand-off, sent after it.
+P = TypeVar("P")
+
+
+def dispatch(
+    engine: Scheduler,
+    run: Run,
+    *,
+    pickup: float,
+    tracked: bool,
+    prepare: Callable[[HandOff], P],
+    send: Callable[[P], object],
+    broker_errors: tuple[type[BaseException], ...],
+    cause: Callable[[BaseException], BaseException] = lambda exc: exc,
+) -> None:
+    """Hand ``run``'s work off: the ticket, the hand-off, the send, in that order.
+
+    The one dispatch path of the Celery and Dramatiq integrations. ``prepare``
+    builds what is sent with the ticket (it may connect to the broker);
+    then, if ``tracked``, the slot is handed off with the ``pickup`` lease
+    (:meth:`Run.hand_off <anarchon_core.Run.hand_off>`: the worker that takes
+    the ticket renews and finishes it from now on); then ``send`` sends it.
+    An error of either step whose ``cause`` (by default the error itself) is
+    one of ``broker_errors`` means the broker could not be reached and
+    nothing was sent: it becomes :class:`~anarchon_core.DispatchFailed`, so
+    that another attempt sends the slot within its catch-up window. Any
+    other error propagates as it is (the slot fails).
+    """
+    ticket = HandOff.for_run(engine, run, pickup=pickup, tracked=tracked)
+    try:
+        prepared = prepare(ticket)
+        if ticket.tracked:
+            run.hand_off(ticket.pickup)
+        send(prepared)
+    except DispatchFailed:
+        raise
+    except Exception as exc:
+        found = cause(exc)
+        if isinstance(found, broker_errors):
+            raise DispatchFailed(f"the broker is unreachable: {found}") from exc
+        raise
+
+
+class Executions:
+    """The worker side of one process: its stores, and the leases its running work holds.
+
+    The one owner of both, each change under its one lock: work runs in
+    several threads of a worker process (Celery's thread pools, Dramatiq's
+    worker threads), and a shutdown hook releases what they hold from yet
+    another. :func:`store_for`, :func:`take`, :func:`release_all` and
+    :func:`close_stores` act on the process's own (:data:`EXECUTIONS`).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._stores: dict[tuple[str, str], Store] = {}
+        self._running: set[ExecutionLease] = set()
+
+    def store_for(self, url: str, namespace: str) -> Store:
+        """The store for ``url`` and ``namespace``, opened once (after any fork)."""
+        key = (url, namespace)
+        with self._lock:
+            if key not in self._stores:
+                self._stores[key] = open_store(url, namespace=namespace)
+            return self._stores[key]
+
+    def add(self, lease: ExecutionLease) -> None:
+        """``lease`` is held by work running now."""
+        with self._lock:
+            self._running.add(lease)
+
+    def discard(self, lease: ExecutionLease) -> None:
+        """``lease`` is no longer renewed here."""
+        with self._lock:
+            self._running.discard(lease)
+
+    def running(self) -> list[ExecutionLease]:
+        """The leases held by work running now."""
+        with self._lock:
+            return list(self._running)
+
+    def release_all(self) -> None:
+        """Release every lease held by running work (a cold shutdown)."""
+        for lease in self.running():  # released outside the lock: each is a store call
+            lease.release()
+
+    def close_stores(self) -> None:
+        """Close every store opened here (the worker shuts down); a later use opens it again."""
+        with self._lock:
+            stores = list(self._stores.values())
+            self._stores.clear()
+        for store in stores:
+            try:
+                store.close()
+            except Exception as exc:  # a shutdown goes on; the connection dies with the process
+                log.warning("anarchon: could not close the store %s: %s", store.namespace, exc)
+
+
+#: This process's worker side.
+EXECUTIONS = Executions()
 
 
 def store_for(url: str, namespace: str) -> Store:
     """This process's store for ``url`` and ``namespace``, opened once (after any fork)."""
-    key = (url, namespace)
-    with _stores_lock:
-        if key not in _stores:
-            _stores[key] = open_store(url, namespace=namespace)
-        return _stores[key]
+    return EXECUTIONS.store_for(url, namespace)
 
 
 class ExecutionLease:
     """The lease of one slot's work, as the worker executing it holds it."""
 
-    def __init__(self, store: Store, ticket: HandOff) -> None:
+    def __init__(self, store: Store, ticket: HandOff, executions: Executions | None = None) -> None:
         self.ticket = ticket
         self.store = store
+        self._executions = executions if executions is not None else EXECUTIONS
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -149,7 +243,7 @@ class ExecutionLease:
             target=self._keep_renewing, name=f"anarchon:{ticket.slot_id}", daemon=True
         )
         self._thread.start()
-        _running.add(self)
+        self._executions.add(self)
         return True
 
     def _keep_renewing(self) -> None:
@@ -164,7 +258,7 @@ class ExecutionLease:
 
     def stop_renewing(self) -> None:
         """Stop renewing (the work returned; its outcome may come later)."""
-        _running.discard(self)
+        self._executions.discard(self)
         self._stop.set()
         if self._thread is not None:
             self._thread.join(5)
@@ -223,5 +317,13 @@ def take(url: str, ticket: HandOff) -> ExecutionLease:
 
 def release_all() -> None:
     """Release every lease held by work running in this process (a cold shutdown)."""
-    for lease in list(_running):
-        lease.release()
+    EXECUTIONS.release_all()
+
+
+def close_stores() -> None:
+    """Close the stores this process's workers opened (call it when the worker shuts down).
+
+    The Celery and Dramatiq integrations call it at their worker's shutdown;
+    a store used afterwards is opened again.
+    """
+    EXECUTIONS.close_stores()
