@@ -1,20 +1,13 @@
-"""The ``Anarchon`` middleware: Dramatiq's hooks for periodic actors and execution tracking.
+"""Hosting the scheduler in a ``dramatiq`` process: periodic actors sent once per slot.
 
-Periodic actors are declared where they live, with actor options the
-middleware adds to the broker (see :mod:`anarchon_dramatiq.declarations`)::
-
-    broker.add_middleware(Anarchon())
-
-    @dramatiq.actor(schedule="*/5 * * * *", schedule_timezone="Europe/Paris")
-    def report() -> None: ...
-
-    @dramatiq.actor(schedule=every(10), schedule_lease=30)
-    def sync() -> None: ...
-
+Periodic actors are declared where they live, with actor options this
+middleware adds to the broker (see :mod:`anarchon_dramatiq.declarations`).
 Each periodic actor is an anarchon job named after the actor. The claim,
 lease, takeover and catch-up logic is anarchon_core's: this module only
 translates actors into jobs and sends their messages, with the slot's
-hand-off ticket as the message option :data:`OPTION`.
+hand-off ticket as the message option
+:data:`~anarchon_dramatiq.tracking.OPTION` (the worker's side is
+:mod:`anarchon_dramatiq.tracking`).
 
 The ``dramatiq`` command forks several worker processes, each of which runs
 this middleware. Only one of them per command runs the scheduler: the one
@@ -32,41 +25,24 @@ from typing import Any
 import dramatiq.errors
 from dramatiq import Actor, Broker, Middleware, Worker
 from dramatiq.errors import ActorNotFound
-from dramatiq.middleware import Retries, SkipMessage
 
-from anarchon_core import (
-    AnarchonError,
-    ConfigurationError,
-    DispatchFailed,
-    JobOptions,
-    Run,
-    RunState,
-)
+from anarchon_core import AnarchonError, ConfigurationError, JobOptions, Run
 from anarchon_core import Scheduler as Engine
 from anarchon_core.control import Definition
 from anarchon_core.durations import Duration, parse_duration
-from anarchon_core.handoff import (
-    DEFAULT_PICKUP,
-    ExecutionLease,
-    HandOff,
-    SkipWork,
-    take,
-    tracked_ticket,
-)
+from anarchon_core.handoff import DEFAULT_PICKUP, HandOff, dispatch
 from anarchon_core.jobs import DISPATCH_JITTER
 from anarchon_core.metrics import Metrics
 from anarchon_core.names import check_namespace
-from anarchon_core.probes import ProbeServer, serve_beside
+from anarchon_core.probes import ProbeServer, check_port, serve_beside
 from anarchon_core.urls import redact
 
 from .broker_store import broker_store_url
 from .declarations import OPTIONS, Periodic, read_declaration
 from .podlock import LOCK_RETRY, PodLock
+from .tracking import OPTION
 
 log = logging.getLogger(__name__)
-
-#: The message option carrying the hand-off ticket.
-OPTION = "anarchon"
 
 
 def _broker_errors() -> tuple[type[BaseException], ...]:
@@ -84,19 +60,19 @@ def _broker_errors() -> tuple[type[BaseException], ...]:
     return tuple(errors)
 
 
-#: What :meth:`Anarchon.send` reports as a dispatch failure.
+#: What :meth:`SchedulerHost.send` reports as a dispatch failure.
 BROKER_ERRORS = _broker_errors()
 
 
-class Anarchon(Middleware):
-    """Periodic actors sent once per slot, and execution tracking of their messages.
+class SchedulerHost(Middleware):
+    """Periodic actors sent once per slot, from the scheduler this middleware hosts.
 
     ``store``: a store URL (default: the broker's own Redis/Valkey or RabbitMQ).
     ``namespace``: the store namespace (default ``"dramatiq"``). ``lease``,
     ``jitter``, ``catch_up``: defaults of every periodic actor (see
     :class:`anarchon_core.JobOptions`). ``pickup``: how long a sent message may
     wait in the queue (must exceed every lease by more than a second).
-    ``scheduler=False``: only track execution; the scheduler runs elsewhere
+    ``scheduler=False``: host no scheduler; it runs elsewhere
     (``dramatiq-anarchon``). ``metrics_port``: serve Prometheus metrics,
     ``/healthz`` and ``/readyz`` from the process that runs the scheduler, on
     ``metrics_host`` (default every interface). With Dramatiq's own
@@ -117,12 +93,8 @@ class Anarchon(Middleware):
         metrics_port: int | None = None,
         metrics_host: str = "0.0.0.0",  # noqa: S104 - Prometheus and the kubelet scrape the pod
     ) -> None:
-        if metrics_port is not None and (
-            not isinstance(metrics_port, int)
-            or isinstance(metrics_port, bool)
-            or not 0 < metrics_port <= 65535
-        ):
-            raise ConfigurationError(f"metrics_port={metrics_port!r}: expected a TCP port")
+        if metrics_port is not None:
+            metrics_port = check_port(metrics_port, "metrics_port")
         if not isinstance(metrics_host, str) or not metrics_host:
             raise ConfigurationError(f"metrics_host={metrics_host!r}: expected an address")
         self.metrics_port = metrics_port
@@ -138,8 +110,6 @@ class Anarchon(Middleware):
         self.engine: Engine | None = None
         self._store = store
         self._broker: Broker | None = None
-        #: Tracked messages being processed: their lease, and whether the actor raised.
-        self._leases: dict[int, tuple[ExecutionLease, bool]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -233,20 +203,21 @@ class Anarchon(Middleware):
         the slot is not failed but sent again by another attempt within its
         catch-up window.
         """
-        ticket = HandOff.for_run(
-            engine, run, pickup=self.pickup, tracked=engine.store.supports_lease
+        actor = broker.get_actor(name)
+
+        def prepare(ticket: HandOff) -> Any:
+            message_options = {**(options or {}), OPTION: ticket.to_message()}
+            return actor.message_with_options(args=args, kwargs=kwargs or {}, **message_options)
+
+        dispatch(
+            engine,
+            run,
+            pickup=self.pickup,
+            tracked=engine.store.supports_lease,
+            prepare=prepare,
+            send=broker.enqueue,
+            broker_errors=BROKER_ERRORS,
         )
-        message = broker.get_actor(name).message_with_options(
-            args=args, kwargs=kwargs or {}, **{**(options or {}), OPTION: ticket.to_message()}
-        )
-        if ticket.tracked:
-            # The worker that processes the message renews and finishes the slot from now on.
-            run.hand_off(ticket.pickup)
-        try:
-            broker.enqueue(message)
-        except BROKER_ERRORS as exc:
-            # Nothing was sent: another attempt sends it within the catch-up window.
-            raise DispatchFailed(f"the broker is unreachable: {exc}") from exc
 
     def after_worker_boot(self, broker: Broker, worker: Worker) -> None:
         """Every actor module is imported: the process holding the pod lock runs the engine.
@@ -313,44 +284,3 @@ class Anarchon(Middleware):
             self._thread.join(LOCK_RETRY + 1)
         if self._pod_lock is not None:
             self._pod_lock.release()
-
-    # -- execution tracking ---------------------------------------------
-
-    def before_process_message(self, broker: Broker, message: Any) -> None:
-        """Take the slot's lease with the message's token; skip a stale attempt."""
-        ticket = tracked_ticket(message.options.get(OPTION))
-        if ticket is None:
-            return
-        try:
-            lease = take(self.store_url(broker), ticket)
-        except SkipWork as skip:
-            raise SkipMessage(str(skip)) from skip
-        with self._lock:
-            self._leases[id(message)] = (lease, False)
-
-    def after_process_message(
-        self, broker: Broker, message: Any, *, result: Any = None, exception: Any = None
-    ) -> None:
-        """Stop renewing; the ack (done, or retried) or nack (failed) decides the outcome."""
-        with self._lock:
-            held = self._leases.get(id(message))
-            if held is not None:
-                self._leases[id(message)] = (held[0], exception is not None)
-        if held is not None:
-            held[0].stop_renewing()
-
-    def after_ack(self, broker: Broker, message: Any) -> None:
-        with self._lock:
-            held = self._leases.pop(id(message), None)
-        if held is not None:
-            lease, raised = held
-            if raised and any(isinstance(m, Retries) for m in broker.middleware):
-                lease.keep_for_retry()
-            else:
-                lease.finish(RunState.FAILED if raised else RunState.DONE)
-
-    def after_nack(self, broker: Broker, message: Any) -> None:
-        with self._lock:
-            held = self._leases.pop(id(message), None)
-        if held is not None:
-            held[0].finish(RunState.FAILED)
