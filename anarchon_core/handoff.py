@@ -9,6 +9,11 @@ work. The worker that executes it takes the lease with the ticket's token
 later attempt was sent, so the work must not run. It then renews the lease
 while the work runs, and finishes the slot, dispatches it again for a retry,
 or releases it at once when the process goes down mid-run.
+
+:func:`dispatch` is the dispatcher's side, the same for every integration;
+:class:`Executions` owns the worker side of a process (the stores it opened,
+the leases its running work holds), closed with :func:`close_stores` when the
+worker shuts down.
 """
 
 from __future__ import annotations
