@@ -111,3 +111,22 @@ class SkipWork(AnarchonError):
     def __init__(self, reason: str, *, stale: bool) -> None:
         super().__init__(reason)
         self.stale = stale
+
+
+#: What only a bug raises, never a store, a driver or a network: a store call that
+#: raises one of these is logged with its traceback, not taken for an outage.
+BUG_ERRORS: tuple[type[BaseException], ...] = (
+    TypeError,
+    AttributeError,
+    NameError,
+    LookupError,
+    AssertionError,
+)
+
+
+def is_bug(exc: BaseException) -> bool:
+    """Whether ``exc``, raised by a store call, is a bug of the code rather than an outage.
+
+    The library's own errors never are (``UnknownJob`` is a ``LookupError``).
+    """
+    return isinstance(exc, BUG_ERRORS) and not isinstance(exc, AnarchonError)

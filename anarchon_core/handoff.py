@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .errors import ConfigurationError, DispatchFailed
+from .errors import ConfigurationError, DispatchFailed, is_bug
 from .errors import SkipWork as SkipWork  # defined with every error; importable here as before
 from .store import RunState, Store
 from .urls import open_store
@@ -259,7 +259,7 @@ class ExecutionLease:
                     log.warning("anarchon: %s lost its lease while running", ticket.slot_id)
                     return
             except Exception as exc:  # any store error: try again at the next renewal
-                log.warning("anarchon: could not renew %s: %s", ticket.slot_id, exc)
+                _store_failed("anarchon: could not renew %s: %s", ticket.slot_id, exc)
 
     def stop_renewing(self) -> None:
         """Stop renewing (the work returned; its outcome may come later)."""
@@ -293,8 +293,20 @@ class ExecutionLease:
         try:
             return step()
         except Exception as exc:  # any store error, not only "unavailable"
-            log.warning(failure, self.ticket.slot_id, exc)
+            _store_failed(failure, self.ticket.slot_id, exc)
             return None
+
+
+def _store_failed(message: str, slot_id: str, exc: Exception) -> None:
+    """Log a store call's failure: a warning, or an error with its traceback if a bug raised it.
+
+    Either way the worker goes on (a renewal is tried again, an outcome is
+    left to the lease): a bug must show, not pass for an outage.
+    """
+    if is_bug(exc):
+        log.error(message, slot_id, exc, exc_info=exc)
+    else:
+        log.warning(message, slot_id, exc)
 
 
 def take(url: str, ticket: HandOff) -> ExecutionLease:
@@ -302,13 +314,17 @@ def take(url: str, ticket: HandOff) -> ExecutionLease:
 
     Never runs what may have been sent again: when the store cannot be asked,
     the work is skipped too (left unpicked, it is not sent again; the job's
-    next slot supersedes it).
+    next slot supersedes it). A bug raised by the store call is skipped the
+    same way, and logged as an error with its traceback, not as an outage.
     """
     try:
         lease = ExecutionLease(store_for(url, ticket.namespace), ticket)
         current = lease.pick_up()
-    except Exception as exc:  # any store error: the store cannot tell, so the work is skipped
-        log.warning("anarchon: skipping %s, the store is unavailable: %s", ticket.slot_id, exc)
+    except Exception as exc:  # the store cannot tell, so the work is skipped
+        if is_bug(exc):
+            _store_failed("anarchon: skipping %s, the store call failed: %s", ticket.slot_id, exc)
+        else:
+            log.warning("anarchon: skipping %s, the store is unavailable: %s", ticket.slot_id, exc)
         raise SkipWork(str(exc), stale=False) from exc
     if not current:
         log.warning(

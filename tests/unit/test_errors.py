@@ -72,3 +72,20 @@ def test_skip_work_says_whether_the_attempt_is_stale() -> None:
     skip = anarchon_core.errors.SkipWork("stale anarchon attempt", stale=True)
     assert skip.stale and str(skip) == "stale anarchon attempt"
     assert isinstance(skip, AnarchonError)
+
+
+@pytest.mark.parametrize(
+    ("exc", "bug"),
+    [
+        (TypeError("unexpected keyword"), True),
+        (AttributeError("no attribute"), True),
+        (KeyError("job"), True),
+        (AssertionError(), True),
+        (anarchon_core.errors.StoreUnavailable("down"), False),
+        (anarchon_core.errors.UnknownJob("no job"), False),  # a LookupError, but ours
+        (ConnectionError("reset"), False),
+        (RuntimeError("MISCONF"), False),
+    ],
+)
+def test_is_bug_tells_a_bug_from_an_outage(exc: BaseException, bug: bool) -> None:
+    assert anarchon_core.errors.is_bug(exc) is bug

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from anarchon_core import DispatchFailed, RunState, handoff
-from anarchon_core.handoff import ExecutionLease, Executions, HandOff, dispatch
+from anarchon_core.handoff import ExecutionLease, Executions, HandOff, SkipWork, dispatch
 from anarchon_core.stores.memory import MemoryStore
 
 
@@ -262,3 +262,64 @@ def test_the_process_stores_are_closed_by_close_stores(monkeypatch: pytest.Monke
     assert handoff.store_for("memory://", "default") is store
     handoff.close_stores()
     assert store.closed == 1
+
+
+# -- a bug in a store call shows as a bug, not as an outage ------------------
+
+
+class Buggy(MemoryStore):
+    """A store whose renew has a bug."""
+
+    bugs = 1
+
+    def renew(self, job: str, token: int, lease: float) -> bool:
+        if self.bugs:
+            self.bugs -= 1
+            raise TypeError("renew() got an unexpected keyword argument 'ttl'")
+        return super().renew(job, token, lease)
+
+
+def test_a_bug_in_taking_the_lease_skips_the_work_and_is_logged_with_its_traceback(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = Buggy()
+    ticket = ticket_for(store, lease=5)
+    monkeypatch.setattr(handoff, "EXECUTIONS", Executions())
+    monkeypatch.setattr(handoff, "open_store", lambda _, *, namespace: store)
+    with pytest.raises(SkipWork) as info:
+        handoff.take("memory://", ticket)
+    assert not info.value.stale
+    (record,) = [r for r in caplog.records if "skipping job@1000" in r.getMessage()]
+    assert record.levelno == logging.ERROR and record.exc_info is not None
+    assert "unavailable" not in record.getMessage()
+
+
+def test_an_outage_in_taking_the_lease_is_still_a_warning(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = Refusing()
+    ticket = ticket_for(store, lease=5)
+    store.failures = 1
+    monkeypatch.setattr(handoff, "EXECUTIONS", Executions())
+    monkeypatch.setattr(handoff, "open_store", lambda _, *, namespace: store)
+    with pytest.raises(SkipWork):
+        handoff.take("memory://", ticket)
+    (record,) = [r for r in caplog.records if "skipping job@1000" in r.getMessage()]
+    assert record.levelno == logging.WARNING and record.exc_info is None
+    assert "the store is unavailable: MISCONF" in record.getMessage()
+
+
+def test_a_bug_in_a_renewal_is_logged_with_its_traceback_and_renewing_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = Buggy()
+    store.bugs = 0
+    lease = ExecutionLease(store, ticket_for(store, lease=0.3), Executions())
+    assert lease.pick_up()
+    store.bugs = 1
+    time.sleep(0.5)  # renewals every 0.1 s: one fails, the next ones succeed
+    state = store.state("job")
+    assert state is not None and state.lease_remaining > 0.15
+    lease.stop_renewing()
+    (record,) = [r for r in caplog.records if "could not renew" in r.getMessage()]
+    assert record.levelno == logging.ERROR and record.exc_info is not None
