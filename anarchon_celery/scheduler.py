@@ -23,13 +23,13 @@ from typing import Any
 
 from celery import Celery, signals
 from celery import beat as celery_beat
-from celery.beat import ScheduleEntry
+from celery.beat import ScheduleEntry, SchedulingError
 from kombu.exceptions import OperationalError
 
-from anarchon_core import AnarchonError, ConfigurationError, DispatchFailed, Run
+from anarchon_core import AnarchonError, ConfigurationError, Run
 from anarchon_core import Scheduler as Engine
 from anarchon_core.control import Definition
-from anarchon_core.handoff import DEFAULT_PICKUP, HandOff
+from anarchon_core.handoff import DEFAULT_PICKUP, HandOff, dispatch
 from anarchon_core.probes import ProbeServer, serve_beside
 from anarchon_core.scheduler import MAX_SLEEP
 from anarchon_core.urls import redact
@@ -52,6 +52,14 @@ _embedded = False
 def _on_embedded(**_: Any) -> None:
     global _embedded
     _embedded = True
+
+
+def _sent_cause(exc: BaseException) -> BaseException:
+    """What failed in a send: beat wraps the send's error in SchedulingError."""
+    inner: BaseException | None = None
+    if isinstance(exc, SchedulingError):
+        inner = exc.__cause__ or exc.__context__
+    return inner if inner is not None else exc
 
 
 class _Sending:
@@ -177,8 +185,8 @@ class Scheduler(celery_beat.Scheduler):  # type: ignore[misc]
             jitter=defaults.jitter,
             catch_up=defaults.catch_up,
             inline=True,
+            resolve=self._stored_entry,
         )
-        engine.resolve = self._stored_entry
         with self._lock:
             self.engine = engine
             entries = self._entries = EntryJobs(engine, self.app, settings, self._dispatcher)
@@ -392,11 +400,25 @@ class Scheduler(celery_beat.Scheduler):  # type: ignore[misc]
         :class:`~anarchon_core.DispatchFailed` lets another attempt send it
         within the catch-up window (from whichever beat reaches the broker).
         """
+        dispatch(
+            engine,
+            run,
+            pickup=self.pickup,
+            tracked=self.tracking,
+            prepare=lambda ticket: self._prepare(job, run, engine, ticket),
+            send=self._apply,
+            broker_errors=self._broker_errors(),
+            cause=_sent_cause,
+        )
+
+    def _prepare(
+        self, job: ScheduledEntry, run: Run, engine: Engine, ticket: HandOff
+    ) -> tuple[ScheduleEntry, Any]:
+        """This send's own entry, and beat's producer (connecting on the first send)."""
         spec = job.spec
         options = dict(spec.options)
         headers = dict(options.get("headers") or {})
         headers["celery_beat_task"] = True
-        ticket = HandOff.for_run(engine, run, pickup=self.pickup, tracked=self.tracking)
         headers[HEADER] = ticket.to_message()
         options["headers"] = headers
         options["task_id"] = task_id(engine.namespace, run.slot_id, run.attempt)
@@ -413,23 +435,17 @@ class Scheduler(celery_beat.Scheduler):  # type: ignore[misc]
             )
         )
         entry.last_run_at, entry.total_run_count = sent_at, sent.total_run_count
-        try:
-            producer = self.producer  # connects on the first send
-        except self._broker_errors() as exc:
-            raise DispatchFailed(f"the broker is unreachable: {exc}") from exc
-        if ticket.tracked:
-            # The worker that runs the task renews and finishes the slot from now on.
-            run.hand_off(ticket.pickup)
+        return sent, self.producer
+
+    def _apply(self, prepared: tuple[ScheduleEntry, Any]) -> None:
+        """Send through beat's ``apply_entry``, which only logs a failure: raise it here."""
+        sent, producer = prepared
         sending = self._sending = _Sending()
         try:
             self.apply_entry(sent, producer=producer)
         finally:
             self._sending = None
         if sending.error is not None:
-            # Beat wraps the send's error in SchedulingError: the cause says what failed.
-            cause = sending.error.__cause__ or sending.error.__context__ or sending.error
-            if isinstance(cause, self._broker_errors()):
-                raise DispatchFailed(f"the broker is unreachable: {cause}") from sending.error
             raise sending.error
 
     def _broker_errors(self) -> tuple[type[BaseException], ...]:

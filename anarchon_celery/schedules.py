@@ -30,7 +30,7 @@ from celery.beat import ScheduleEntry
 from celery.schedules import BaseSchedule, crontab, schedule, solar
 
 from anarchon_core import ConfigurationError
-from anarchon_core.jobs import check_name
+from anarchon_core.names import check_name
 
 #: Entry options read by anarchon and not passed on to ``apply_async``.
 OVERRIDES = ("lease", "jitter", "catch_up")

@@ -12,7 +12,8 @@ broker is Redis/Valkey or RabbitMQ:
 ``anarchon_pickup``     how long a sent task may wait in the queue for a worker
                         (default 300 s); one never picked up is not sent again
 ``anarchon_metrics_port``  serve Prometheus metrics, /healthz and /readyz from
-                        beat on this port (default: none served)
+                        beat on this port (default: none served; 0: any free
+                        port, logged)
 ``anarchon_metrics_host``  the address they are served on (default 0.0.0.0)
 
 Beat settings that could not take effect with anarchon are refused rather
@@ -31,6 +32,7 @@ from anarchon_core import ConfigurationError, JobOptions
 from anarchon_core.durations import parse_duration
 from anarchon_core.handoff import DEFAULT_PICKUP
 from anarchon_core.jobs import DISPATCH_JITTER
+from anarchon_core.probes import check_port
 from anarchon_core.scheduler import MAX_SLEEP
 from anarchon_core.urls import redact
 
@@ -113,10 +115,8 @@ def read_settings(app: Celery, loop_interval: Any = None) -> BeatSettings:
         catch_up=conf.get("anarchon_catch_up"),
     )
     port = conf.get("anarchon_metrics_port")
-    if port is not None and (
-        not isinstance(port, int) or isinstance(port, bool) or not 0 < port <= 65535
-    ):
-        raise ConfigurationError(f"anarchon_metrics_port={port!r}: expected a TCP port, 1 to 65535")
+    if port is not None:
+        port = check_port(port, "anarchon_metrics_port")
     host = conf.get("anarchon_metrics_host", "0.0.0.0")  # noqa: S104 - as above
     if not isinstance(host, str) or not host:
         raise ConfigurationError(f"anarchon_metrics_host={host!r}: expected an address")

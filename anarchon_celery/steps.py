@@ -16,11 +16,13 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
+from anarchon_core.deferral import StepGuard
+
 Handler = Callable[[int, FrameType | None], Any]
 
 
 class Steps:
-    """Marks the scheduling step under way; holds signals and ``close()`` back until it ends.
+    """Beat's scheduling steps (a :class:`~anarchon_core.deferral.StepGuard`), and its signals.
 
     ``close`` is the scheduler's close, called when a step ends if it was
     asked for inside the step; ``lock`` is the lock a step holds while it
@@ -30,20 +32,19 @@ class Steps:
     def __init__(self, close: Callable[[], None], lock: Any) -> None:
         self._close = close
         self._lock = lock
-        self._stepping: int | None = None
-        self._close_pending = False
-        self._deferred: list[tuple[int, FrameType | None]] = []
+        self._guard = StepGuard(holds=self._holds_lock)
+        #: The signal held back until the step under way ends.
+        self._signal: tuple[int, FrameType | None] | None = None
         self._handlers: dict[int, Handler] = {}
 
     @property
     def inside(self) -> bool:
         """Whether the calling thread is inside a step, holding the store's lock.
 
-        Both, not the mark alone: a signal whose handler raised SystemExit on
-        the step's first or last line leaves the mark set with no step under
-        way, and a close deferred to that step's end would never come.
+        Both, not the mark alone: see :attr:`StepGuard.inside
+        <anarchon_core.deferral.StepGuard.inside>`.
         """
-        return self._stepping == threading.get_ident() and self._holds_lock()
+        return self._guard.inside
 
     def _holds_lock(self) -> bool:
         is_owned = getattr(self._lock, "_is_owned", None)  # RLock's, as Condition uses it
@@ -51,7 +52,7 @@ class Steps:
 
     def close_after(self) -> None:
         """Close the scheduler once the step under way ends."""
-        self._close_pending = True
+        self._guard.defer(self._close)
 
     @contextmanager
     def step(self) -> Iterator[None]:
@@ -60,19 +61,11 @@ class Steps:
         A signal handler (beat's closes the scheduler and raises SystemExit)
         runs only when the step ended without an error.
         """
-        ended = False
-        self._stepping = threading.get_ident()
         try:
-            yield
-            ended = True
+            with self._guard.step():
+                yield
         finally:
-            self._stepping = None
-            deferred, self._deferred = self._deferred, []
-            if self._close_pending:
-                self._close_pending = False
-                self._close()
-        if ended and deferred:
-            self._redispatch(*deferred[0])
+            self._signal = None  # handed to its handler by then, or dropped with the step
 
     def install_signal_handlers(self) -> None:
         """Wrap the SIGTERM and SIGINT handlers so that they never run inside a step."""
@@ -94,14 +87,21 @@ class Steps:
                 signal.signal(sig, original)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        if self.inside and not self._deferred:
+        if self.inside and not self._guard.deferred(self._resend):
             # Inside a step: the handler would close the scheduler while the step may
             # hold the store's connection. It runs when the step ends.
-            self._deferred.append((signum, frame))
+            self._signal = (signum, frame)
+            self._guard.defer(self._resend, if_returned=True)
             return
         # Not inside a step, or the same signal again while a step hangs: run it now
         # (a close() from within the step then waits for the step's end).
         self._redispatch(signum, frame)
+
+    def _resend(self) -> None:
+        """Hand the signal held back during the step to its handler."""
+        held, self._signal = self._signal, None
+        if held is not None:
+            self._redispatch(*held)
 
     def _redispatch(self, signum: int, frame: FrameType | None) -> None:
         handler = self._handlers.get(signum)

@@ -14,7 +14,8 @@ the pool forks):
   marked revoked and nothing runs;
 - renews the lease in a background thread while the body runs;
 - finishes the slot when the body returns (done) or raises (failed); a
-  Celery retry keeps the slot, with the pickup lease, for the retried message.
+  Celery retry keeps the slot, with the pickup lease, for the retried message;
+- closes the stores it opened when the worker (or its pool process) shuts down.
 
 A worker SIGKILLed mid-task stops renewing: the lease lapses and a backup
 beat sends the slot again as the next attempt. Workers announce the wrapper
@@ -33,7 +34,14 @@ from celery.app.task import Task
 from celery.exceptions import Ignore, Retry
 
 from anarchon_core import RunState
-from anarchon_core.handoff import HandOff, SkipWork, release_all, take, tracked_ticket
+from anarchon_core.handoff import (
+    HandOff,
+    SkipWork,
+    close_stores,
+    release_all,
+    take,
+    tracked_ticket,
+)
 
 from .settings import store_url
 
@@ -52,8 +60,21 @@ def task_id(namespace: str, slot_id: str, attempt: int) -> str:
 
 @signals.worker_process_shutdown.connect  # type: ignore[untyped-decorator]
 def _on_process_shutdown(**_: Any) -> None:
-    """A cold shutdown ends tasks mid-run: hand their slots over to a backup at once."""
+    """A cold shutdown ends tasks mid-run: hand their slots over to a backup at once.
+
+    Then close the stores the process opened for its tasks.
+    """
     release_all()
+    close_stores()
+
+
+@signals.worker_shutdown.connect  # type: ignore[untyped-decorator]
+def _on_worker_shutdown(**_: Any) -> None:
+    """The worker stops (its tasks have returned): close the stores it opened for them.
+
+    With the solo and thread pools, tasks run in the worker's own process.
+    """
+    close_stores()
 
 
 def _ticket(task: Task) -> HandOff | None:

@@ -6,15 +6,17 @@ with heartbeats lets the others take over if the winner dies.
 """
 
 from .clock import Clock, FakeClock, SkewedClock, SystemClock
-from .control import Control, JobPaused, JobStatus, UnknownJob
+from .control import Control, JobStatus
 from .errors import (
     AnarchonError,
     BatchRefused,
     ConfigurationError,
     DispatchFailed,
+    JobPaused,
     LeaseLost,
     MissingDependency,
     StoreUnavailable,
+    UnknownJob,
 )
 from .events import Event, EventKind
 from .jobs import Job, JobOptions, Run

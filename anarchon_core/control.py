@@ -17,8 +17,11 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from .errors import AnarchonError, ConfigurationError, Conflict
-from .jobs import JobOptions, check_name
+from .errors import ConfigurationError, Conflict
+from .errors import JobPaused as JobPaused  # defined with every error; importable here as before
+from .errors import UnknownJob as UnknownJob
+from .jobs import JobOptions
+from .names import check_name
 from .schedules import Schedule, make_schedule
 from .slots import BACKFILL, Slot
 from .store import JobState, JobStats, Paused, RunRecord, Store
@@ -107,14 +110,6 @@ class Definition:
         if self.timezone:
             when += f" ({self.timezone})"
         return f"{when} -> {self.handler}"
-
-
-class UnknownJob(AnarchonError, LookupError):
-    """A control named a job the namespace has no trace of."""
-
-
-class JobPaused(AnarchonError):
-    """A run-now request for a job (or namespace) that is paused: resume it first."""
 
 
 @dataclass(frozen=True)

@@ -99,3 +99,42 @@ class Conflict(AnarchonError):
         now = "it does not exist" if found == 0 else f"it is at version {found}"
         was = "to be absent" if expected == 0 else f"at version {expected}"
         super().__init__(message or f"{key!r} changed meanwhile: expected {was}, {now}")
+
+
+class UnknownJob(AnarchonError, LookupError):
+    """A control named a job the namespace has no trace of."""
+
+
+class JobPaused(AnarchonError):
+    """A run-now request for a job (or namespace) that is paused: resume it first."""
+
+
+class SkipWork(AnarchonError):
+    """Handed-off work must not run: its attempt is stale, or the store cannot tell.
+
+    Raised by :func:`anarchon_core.handoff.take` in the worker that received
+    the work; ``stale`` is true when a later attempt of the slot was sent.
+    """
+
+    def __init__(self, reason: str, *, stale: bool) -> None:
+        super().__init__(reason)
+        self.stale = stale
+
+
+#: What only a bug raises, never a store, a driver or a network: a store call that
+#: raises one of these is logged with its traceback, not taken for an outage.
+BUG_ERRORS: tuple[type[BaseException], ...] = (
+    TypeError,
+    AttributeError,
+    NameError,
+    LookupError,
+    AssertionError,
+)
+
+
+def is_bug(exc: BaseException) -> bool:
+    """Whether ``exc``, raised by a store call, is a bug of the code rather than an outage.
+
+    The library's own errors never are (``UnknownJob`` is a ``LookupError``).
+    """
+    return isinstance(exc, BUG_ERRORS) and not isinstance(exc, AnarchonError)

@@ -9,6 +9,11 @@ work. The worker that executes it takes the lease with the ticket's token
 later attempt was sent, so the work must not run. It then renews the lease
 while the work runs, and finishes the slot, dispatches it again for a retry,
 or releases it at once when the process goes down mid-run.
+
+:func:`dispatch` is the dispatcher's side, the same for every integration;
+:class:`Executions` owns the worker side of a process (the stores it opened,
+the leases its running work holds), closed with :func:`close_stores` when the
+worker shuts down.
 """
 
 from __future__ import annotations
@@ -18,9 +23,10 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from .errors import ConfigurationError
+from .errors import ConfigurationError, DispatchFailed, is_bug
+from .errors import SkipWork as SkipWork  # defined with every error; importable here as before
 from .store import RunState, Store
 from .urls import open_store
 
@@ -115,27 +121,121 @@ def tracked_ticket(info: Any) -> HandOff | None:
 
 
 _NOT_FINISHED = "anarchon: could not finish %s: %s"
-_stores: dict[tuple[str, str], Store] = {}
-_stores_lock = threading.Lock()
-#: Leases held by work running in this process, released if it goes down.
-_running: set[ExecutionLease] = set()
+
+#: What a dispatcher sends with the ticket: built before the hand-off, sent after it.
+P = TypeVar("P")
+
+
+def dispatch(
+    engine: Scheduler,
+    run: Run,
+    *,
+    pickup: float,
+    tracked: bool,
+    prepare: Callable[[HandOff], P],
+    send: Callable[[P], object],
+    broker_errors: tuple[type[BaseException], ...],
+    cause: Callable[[BaseException], BaseException] = lambda exc: exc,
+) -> None:
+    """Hand ``run``'s work off: the ticket, the hand-off, the send, in that order.
+
+    The one dispatch path of the Celery and Dramatiq integrations. ``prepare``
+    builds what is sent with the ticket (it may connect to the broker);
+    then, if ``tracked``, the slot is handed off with the ``pickup`` lease
+    (:meth:`Run.hand_off <anarchon_core.Run.hand_off>`: the worker that takes
+    the ticket renews and finishes it from now on); then ``send`` sends it.
+    An error of either step whose ``cause`` (by default the error itself) is
+    one of ``broker_errors`` means the broker could not be reached and
+    nothing was sent: it becomes :class:`~anarchon_core.DispatchFailed`, so
+    that another attempt sends the slot within its catch-up window. Any
+    other error propagates as it is (the slot fails).
+    """
+    ticket = HandOff.for_run(engine, run, pickup=pickup, tracked=tracked)
+    try:
+        prepared = prepare(ticket)
+        if ticket.tracked:
+            run.hand_off(ticket.pickup)
+        send(prepared)
+    except DispatchFailed:
+        raise
+    except Exception as exc:
+        found = cause(exc)
+        if isinstance(found, broker_errors):
+            raise DispatchFailed(f"the broker is unreachable: {found}") from exc
+        raise
+
+
+class Executions:
+    """The worker side of one process: its stores, and the leases its running work holds.
+
+    The one owner of both, each change under its one lock: work runs in
+    several threads of a worker process (Celery's thread pools, Dramatiq's
+    worker threads), and a shutdown hook releases what they hold from yet
+    another. :func:`store_for`, :func:`take`, :func:`release_all` and
+    :func:`close_stores` act on the process's own (:data:`EXECUTIONS`).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._stores: dict[tuple[str, str], Store] = {}
+        self._running: set[ExecutionLease] = set()
+
+    def store_for(self, url: str, namespace: str) -> Store:
+        """The store for ``url`` and ``namespace``, opened once (after any fork)."""
+        key = (url, namespace)
+        with self._lock:
+            if key not in self._stores:
+                self._stores[key] = open_store(url, namespace=namespace)
+            return self._stores[key]
+
+    def add(self, lease: ExecutionLease) -> None:
+        """``lease`` is held by work running now."""
+        with self._lock:
+            self._running.add(lease)
+
+    def discard(self, lease: ExecutionLease) -> None:
+        """``lease`` is no longer renewed here."""
+        with self._lock:
+            self._running.discard(lease)
+
+    def running(self) -> list[ExecutionLease]:
+        """The leases held by work running now."""
+        with self._lock:
+            return list(self._running)
+
+    def release_all(self) -> None:
+        """Release every lease held by running work (a cold shutdown)."""
+        for lease in self.running():  # released outside the lock: each is a store call
+            lease.release()
+
+    def close_stores(self) -> None:
+        """Close every store opened here (the worker shuts down); a later use opens it again."""
+        with self._lock:
+            stores = list(self._stores.values())
+            self._stores.clear()
+        for store in stores:
+            try:
+                store.close()
+            except Exception as exc:  # a shutdown goes on; the connection dies with the process
+                log.warning("anarchon: could not close the store %s: %s", store.namespace, exc)
+
+
+#: This process's worker side.
+EXECUTIONS = Executions()
 
 
 def store_for(url: str, namespace: str) -> Store:
     """This process's store for ``url`` and ``namespace``, opened once (after any fork)."""
-    key = (url, namespace)
-    with _stores_lock:
-        if key not in _stores:
-            _stores[key] = open_store(url, namespace=namespace)
-        return _stores[key]
+    return EXECUTIONS.store_for(url, namespace)
 
 
 class ExecutionLease:
     """The lease of one slot's work, as the worker executing it holds it."""
 
-    def __init__(self, store: Store, ticket: HandOff) -> None:
+    def __init__(self, store: Store, ticket: HandOff, executions: Executions | None = None) -> None:
         self.ticket = ticket
         self.store = store
+        self._executions = executions if executions is not None else EXECUTIONS
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -148,7 +248,7 @@ class ExecutionLease:
             target=self._keep_renewing, name=f"anarchon:{ticket.slot_id}", daemon=True
         )
         self._thread.start()
-        _running.add(self)
+        self._executions.add(self)
         return True
 
     def _keep_renewing(self) -> None:
@@ -159,11 +259,11 @@ class ExecutionLease:
                     log.warning("anarchon: %s lost its lease while running", ticket.slot_id)
                     return
             except Exception as exc:  # any store error: try again at the next renewal
-                log.warning("anarchon: could not renew %s: %s", ticket.slot_id, exc)
+                _store_failed("anarchon: could not renew %s: %s", ticket.slot_id, exc)
 
     def stop_renewing(self) -> None:
         """Stop renewing (the work returned; its outcome may come later)."""
-        _running.discard(self)
+        self._executions.discard(self)
         self._stop.set()
         if self._thread is not None:
             self._thread.join(5)
@@ -193,16 +293,20 @@ class ExecutionLease:
         try:
             return step()
         except Exception as exc:  # any store error, not only "unavailable"
-            log.warning(failure, self.ticket.slot_id, exc)
+            _store_failed(failure, self.ticket.slot_id, exc)
             return None
 
 
-class SkipWork(Exception):
-    """The work must not run: its attempt is stale, or the store cannot tell."""
+def _store_failed(message: str, slot_id: str, exc: Exception) -> None:
+    """Log a store call's failure: a warning, or an error with its traceback if a bug raised it.
 
-    def __init__(self, reason: str, *, stale: bool) -> None:
-        super().__init__(reason)
-        self.stale = stale
+    Either way the worker goes on (a renewal is tried again, an outcome is
+    left to the lease): a bug must show, not pass for an outage.
+    """
+    if is_bug(exc):
+        log.error(message, slot_id, exc, exc_info=exc)
+    else:
+        log.warning(message, slot_id, exc)
 
 
 def take(url: str, ticket: HandOff) -> ExecutionLease:
@@ -210,13 +314,17 @@ def take(url: str, ticket: HandOff) -> ExecutionLease:
 
     Never runs what may have been sent again: when the store cannot be asked,
     the work is skipped too (left unpicked, it is not sent again; the job's
-    next slot supersedes it).
+    next slot supersedes it). A bug raised by the store call is skipped the
+    same way, and logged as an error with its traceback, not as an outage.
     """
     try:
         lease = ExecutionLease(store_for(url, ticket.namespace), ticket)
         current = lease.pick_up()
-    except Exception as exc:  # any store error: the store cannot tell, so the work is skipped
-        log.warning("anarchon: skipping %s, the store is unavailable: %s", ticket.slot_id, exc)
+    except Exception as exc:  # the store cannot tell, so the work is skipped
+        if is_bug(exc):
+            _store_failed("anarchon: skipping %s, the store call failed: %s", ticket.slot_id, exc)
+        else:
+            log.warning("anarchon: skipping %s, the store is unavailable: %s", ticket.slot_id, exc)
         raise SkipWork(str(exc), stale=False) from exc
     if not current:
         log.warning(
@@ -230,5 +338,13 @@ def take(url: str, ticket: HandOff) -> ExecutionLease:
 
 def release_all() -> None:
     """Release every lease held by work running in this process (a cold shutdown)."""
-    for lease in list(_running):
-        lease.release()
+    EXECUTIONS.release_all()
+
+
+def close_stores() -> None:
+    """Close the stores this process's workers opened (call it when the worker shuts down).
+
+    The Celery and Dramatiq integrations call it at their worker's shutdown;
+    a store used afterwards is opened again.
+    """
+    EXECUTIONS.close_stores()

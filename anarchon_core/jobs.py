@@ -17,6 +17,8 @@ from typing import Any
 
 from .durations import Duration, parse_duration, within
 from .errors import ConfigurationError, DispatchFailed, LeaseLost
+from .names import MAX_NAME as MAX_NAME  # importable from here as before
+from .names import check_name as check_name
 from .schedules import Schedule
 from .slots import BACKFILL, Slot
 
@@ -37,8 +39,6 @@ MAX_DEFAULT_CATCH_UP = 3600.0
 MIN_LEASE, MAX_LEASE = 1.0, 86400.0
 MIN_RENEW = 0.1
 MIN_WATCH, MAX_WATCH = 0.05, 3600.0
-#: The longest job name, in characters (and four times that in UTF-8 bytes at most).
-MAX_NAME = 200
 
 #: The share of a lease a runner gives up as a safety margin: it holds a run
 #: until (when its last successful renewal was sent) + lease x (1 - margin), by
@@ -54,31 +54,6 @@ CLOCK_RATE_BOUND = 0.02
 def held_for(lease: float) -> float:
     """How long after sending a claim or renewal of ``lease`` seconds a runner may rely on it."""
     return lease * (1.0 - LEASE_MARGIN)
-
-
-def check_name(name: object, what: str = "job name") -> str:
-    """``name`` if it is a valid job (or ``what``) name, else ConfigurationError naming it.
-
-    A job name is 1 to :data:`MAX_NAME` printable characters (``str.isprintable``:
-    letters, marks, digits, punctuation, symbols and the ASCII space; no
-    control or format characters, no other whitespace, no lone surrogates),
-    not all spaces. Every store keeps any such name as it is.
-    """
-    if not isinstance(name, str):
-        raise ConfigurationError(f"{what} {name!r}: expected a string")
-    if not name.strip(" "):
-        raise ConfigurationError(f"{what} {name!r}: must not be empty or only spaces")
-    if len(name) > MAX_NAME:
-        raise ConfigurationError(
-            f"{what} {name[:40]!r}...: {len(name)} characters, at most {MAX_NAME}"
-        )
-    for index, char in enumerate(name):
-        if not char.isprintable():
-            raise ConfigurationError(
-                f"{what} {name!r}: character {index} ({char!a}) is not printable;"
-                " use letters, digits, punctuation, symbols and spaces"
-            )
-    return name
 
 
 @dataclass(frozen=True)

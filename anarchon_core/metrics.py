@@ -158,7 +158,7 @@ class Metrics:
             counter.labels(self._ns, job).inc()
         if event.slot_id is None or event.attempt is None:
             return
-        now = self.scheduler._clock.time()
+        now = self.scheduler.clock.time()
         if event.kind in _STARTS:
             slot_time = Slot.from_id(event.slot_id).ms / 1000
             self.lateness.labels(self._ns, job).observe(max(0.0, now - slot_time))

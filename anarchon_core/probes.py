@@ -34,6 +34,23 @@ log = logging.getLogger(__name__)
 StartResponse = Callable[[str, list[tuple[str, str]]], Any]
 
 
+def check_port(port: object, what: str = "port") -> int:
+    """``port`` if it is a TCP port to serve on, else ConfigurationError naming ``what``.
+
+    The one rule of every setting that says where the probes and metrics are
+    served (:func:`serve`'s ``port``, Celery's ``anarchon_metrics_port``, the
+    Dramatiq middleware's ``metrics_port``, ``--metrics-port``): an ``int``
+    from 0 to 65535, where 0 asks for any free port, as a socket's bind
+    does (the port picked is logged; Prometheus and probes need a fixed one).
+    Not a ``bool``, a ``float`` or a string.
+    """
+    if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
+        raise ConfigurationError(
+            f"{what}={port!r}: expected a TCP port, 0 to 65535 (0: any free port)"
+        )
+    return port
+
+
 def probe_app(
     scheduler: Scheduler, metrics: Metrics | None = None
 ) -> Callable[..., Iterable[bytes]]:
@@ -106,8 +123,7 @@ def serve(
     defaults to every interface, so that Prometheus and the kubelet reach
     the pod; the endpoint shows job names and counts, and changes nothing.
     """
-    if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
-        raise ConfigurationError(f"port={port!r}: expected a TCP port, 0 to 65535")
+    check_port(port)
     chosen: Metrics | None
     if metrics is True:
         from .metrics import Metrics
@@ -126,7 +142,11 @@ def serve(
 
 def serve_beside(scheduler: Scheduler, port: int, host: str) -> ProbeServer:
     """:func:`serve` as the integrations' settings ask for it: with the metrics when
-    ``prometheus_client`` is installed, else the probes alone (said once, as a warning)."""
+    ``prometheus_client`` is installed, else the probes alone (said once, as a warning).
+
+    Port 0 serves on a free port, and says which in a warning: nothing
+    else can find it.
+    """
     try:
         import prometheus_client  # noqa: F401 - only whether it is there
     except ImportError:
@@ -135,5 +155,9 @@ def serve_beside(scheduler: Scheduler, port: int, host: str) -> ProbeServer:
             " only on port %s (pip install 'anarchon[metrics]' for /metrics)",
             port,
         )
-        return serve(scheduler, port, host, metrics=False)
-    return serve(scheduler, port, host)
+        server = serve(scheduler, port, host, metrics=False)
+    else:
+        server = serve(scheduler, port, host)
+    if port == 0:
+        log.warning("anarchon: metrics port 0: serving on %s:%d, a free port", host, server.port)
+    return server

@@ -13,6 +13,7 @@ from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 from .errors import ConfigurationError, MissingDependency
+from .names import check_namespace as check_namespace  # importable from here as before
 from .store import Store
 from .store import check_namespace as check_namespace  # its former home
 

@@ -1,7 +1,6 @@
-"""The ``Anarchon`` middleware: Dramatiq's hooks for periodic actors and execution tracking.
+"""The ``Anarchon`` middleware: the one users add, made of the two concerns.
 
-Periodic actors are declared where they live, with actor options the
-middleware adds to the broker (see :mod:`anarchon_dramatiq.declarations`)::
+::
 
     broker.add_middleware(Anarchon())
 
@@ -11,83 +10,27 @@ middleware adds to the broker (see :mod:`anarchon_dramatiq.declarations`)::
     @dramatiq.actor(schedule=every(10), schedule_lease=30)
     def sync() -> None: ...
 
-Each periodic actor is an anarchon job named after the actor. The claim,
-lease, takeover and catch-up logic is anarchon_core's: this module only
-translates actors into jobs and sends their messages, with the slot's
-hand-off ticket as the message option :data:`OPTION`.
-
-The ``dramatiq`` command forks several worker processes, each of which runs
-this middleware. Only one of them per command runs the scheduler: the one
-holding the pod lock (:mod:`anarchon_dramatiq.podlock`).
+:class:`Anarchon` is both :class:`~anarchon_dramatiq.hosting.SchedulerHost`
+(hosting the scheduler that sends periodic actors' messages, once per slot)
+and :class:`~anarchon_dramatiq.tracking.ExecutionTracking` (the worker
+processing such a message holds the slot's lease). Each is a middleware of
+its own, with hooks of its own: none is shared, so this class only joins
+their options.
 """
 
 from __future__ import annotations
 
-import logging
-import os
-import socket
-import threading
-from typing import Any
+from anarchon_core.durations import Duration
+from anarchon_core.handoff import DEFAULT_PICKUP
 
-import dramatiq.errors
-from dramatiq import Actor, Broker, Middleware, Worker
-from dramatiq.errors import ActorNotFound
-from dramatiq.middleware import Retries, SkipMessage
-
-from anarchon_core import (
-    AnarchonError,
-    ConfigurationError,
-    DispatchFailed,
-    JobOptions,
-    Run,
-    RunState,
-)
-from anarchon_core import Scheduler as Engine
-from anarchon_core.control import Definition
-from anarchon_core.durations import Duration, parse_duration
-from anarchon_core.handoff import (
-    DEFAULT_PICKUP,
-    ExecutionLease,
-    HandOff,
-    SkipWork,
-    take,
-    tracked_ticket,
-)
-from anarchon_core.jobs import DISPATCH_JITTER
-from anarchon_core.metrics import Metrics
-from anarchon_core.probes import ProbeServer, serve_beside
-from anarchon_core.urls import check_namespace, redact
-
-from .broker_store import broker_store_url
-from .declarations import OPTIONS, Periodic, read_declaration
-from .podlock import LOCK_RETRY, PodLock
-
-log = logging.getLogger(__name__)
-
-#: The message option carrying the hand-off ticket.
-OPTION = "anarchon"
+from .declarations import OPTIONS as OPTIONS  # importable from here as before
+from .hosting import BROKER_ERRORS as BROKER_ERRORS
+from .hosting import SchedulerHost
+from .tracking import OPTION as OPTION
+from .tracking import ExecutionTracking
 
 
-def _broker_errors() -> tuple[type[BaseException], ...]:
-    """The errors of an enqueue that could not reach the broker (nothing was sent)."""
-    # Dramatiq 1.18 renamed ConnectionError (the old name warns when read).
-    names = vars(dramatiq.errors)
-    base = names.get("BrokerConnectionError") or names["ConnectionError"]
-    errors: list[type[BaseException]] = [base, OSError]
-    try:  # RedisBroker lets the driver's connection errors through
-        import redis.exceptions
-
-        errors += [redis.exceptions.ConnectionError, redis.exceptions.TimeoutError]
-    except ImportError:  # pragma: no cover - a RabbitMQ-only install
-        pass
-    return tuple(errors)
-
-
-#: What :meth:`Anarchon.send` reports as a dispatch failure.
-BROKER_ERRORS = _broker_errors()
-
-
-class Anarchon(Middleware):
+class Anarchon(SchedulerHost, ExecutionTracking):
     """Periodic actors sent once per slot, and execution tracking of their messages.
 
     ``store``: a store URL (default: the broker's own Redis/Valkey or RabbitMQ).
@@ -98,9 +41,10 @@ class Anarchon(Middleware):
     ``scheduler=False``: only track execution; the scheduler runs elsewhere
     (``dramatiq-anarchon``). ``metrics_port``: serve Prometheus metrics,
     ``/healthz`` and ``/readyz`` from the process that runs the scheduler, on
-    ``metrics_host`` (default every interface). With Dramatiq's own
-    ``Prometheus`` middleware on the broker, anarchon's counters and
-    histograms also appear on its exposition server (port 9191 by default).
+    ``metrics_host`` (default every interface; port 0: any free port). With
+    Dramatiq's own ``Prometheus`` middleware on the broker, anarchon's
+    counters and histograms also appear on its exposition server (port 9191
+    by default).
     """
 
     def __init__(
@@ -116,240 +60,16 @@ class Anarchon(Middleware):
         metrics_port: int | None = None,
         metrics_host: str = "0.0.0.0",  # noqa: S104 - Prometheus and the kubelet scrape the pod
     ) -> None:
-        if metrics_port is not None and (
-            not isinstance(metrics_port, int)
-            or isinstance(metrics_port, bool)
-            or not 0 < metrics_port <= 65535
-        ):
-            raise ConfigurationError(f"metrics_port={metrics_port!r}: expected a TCP port")
-        if not isinstance(metrics_host, str) or not metrics_host:
-            raise ConfigurationError(f"metrics_host={metrics_host!r}: expected an address")
-        self.metrics_port = metrics_port
-        self.metrics_host = metrics_host
-        self._probes: ProbeServer | None = None
-        self.namespace = check_namespace(namespace or "dramatiq")
-        if jitter is None:
-            jitter = DISPATCH_JITTER
-        self.defaults = JobOptions.build(lease=lease, jitter=jitter, catch_up=catch_up)
-        self.pickup = parse_duration("pickup", pickup)
-        self.scheduler = scheduler
-        self.periodic: dict[str, Periodic] = {}
-        self.engine: Engine | None = None
-        self._store = store
-        self._broker: Broker | None = None
-        #: Tracked messages being processed: their lease, and whether the actor raised.
-        self._leases: dict[int, tuple[ExecutionLease, bool]] = {}
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._pod_lock: PodLock | None = None
-
-    @property
-    def actor_options(self) -> set[str]:
-        return set(OPTIONS)
-
-    def store_url(self, broker: Broker) -> str:
-        """``store=``, else the broker's own server."""
-        return self._store or broker_store_url(broker)
-
-    # -- declaring periodic actors --------------------------------------
-
-    def before_declare_actor(self, broker: Broker, actor: Actor[..., Any]) -> None:
-        """Validate a periodic actor's options now, so a bad one fails at import."""
-        options = {k: v for k, v in actor.options.items() if k in OPTIONS}
-        if not options:
-            self.periodic.pop(actor.actor_name, None)
-            return
-        name = actor.actor_name
-        self.periodic[name] = read_declaration(name, options, self.defaults, self.pickup)
-
-    # -- the scheduler --------------------------------------------------
-
-    def build_engine(self, broker: Broker, instance: str) -> Engine:
-        """An engine with one job per periodic actor, sending the actor's message."""
-        defaults = self.defaults
-        engine = Engine(
-            self.store_url(broker),
-            namespace=self.namespace,
-            instance=instance,
-            lease=defaults.lease,
-            jitter=defaults.jitter,
-            catch_up=defaults.catch_up,
-            inline=True,
+        SchedulerHost.__init__(
+            self,
+            store=store,
+            namespace=namespace,
+            lease=lease,
+            jitter=jitter,
+            catch_up=catch_up,
+            pickup=pickup,
+            scheduler=scheduler,
+            metrics_port=metrics_port,
+            metrics_host=metrics_host,
         )
-        engine.resolve = lambda definition: self._stored(broker, engine, definition)
-        for spec in self.periodic.values():
-            engine.add_job(
-                self._dispatcher(broker, engine, spec.actor_name),
-                name=spec.actor_name,
-                every=spec.every,
-                cron=spec.cron,
-                timezone=spec.timezone,
-                anchor=spec.anchor,
-                **spec.overrides,
-            )
-        return engine
-
-    def _stored(self, broker: Broker, engine: Engine, definition: Definition) -> Any:
-        """The handler of a schedule stored at run time: the actor it names, if declared here.
-
-        Its message carries the definition's ``args`` and ``kwargs``, and its
-        ``options`` as message options.
-        """
-        try:
-            broker.get_actor(definition.handler)
-        except ActorNotFound:
-            return None
-        return self._dispatcher(
-            broker,
-            engine,
-            definition.handler,
-            args=tuple(definition.args),
-            kwargs=dict(definition.kwargs),
-            options=dict(definition.options),
-        )
-
-    def _dispatcher(self, broker: Broker, engine: Engine, name: str, **message: Any) -> Any:
-        def dispatch(run: Run) -> None:
-            self.send(broker, engine, name, run, **message)
-
-        dispatch.__name__ = f"send {name}"
-        return dispatch
-
-    def send(
-        self,
-        broker: Broker,
-        engine: Engine,
-        name: str,
-        run: Run,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-        options: dict[str, Any] | None = None,
-    ) -> None:
-        """Send the actor's message for ``run``: its ``anarchon`` option names slot and attempt.
-
-        A broker that cannot be reached raises :class:`~anarchon_core.DispatchFailed`:
-        the slot is not failed but sent again by another attempt within its
-        catch-up window.
-        """
-        ticket = HandOff.for_run(
-            engine, run, pickup=self.pickup, tracked=engine.store.supports_lease
-        )
-        message = broker.get_actor(name).message_with_options(
-            args=args, kwargs=kwargs or {}, **{**(options or {}), OPTION: ticket.to_message()}
-        )
-        if ticket.tracked:
-            # The worker that processes the message renews and finishes the slot from now on.
-            run.hand_off(ticket.pickup)
-        try:
-            broker.enqueue(message)
-        except BROKER_ERRORS as exc:
-            # Nothing was sent: another attempt sends it within the catch-up window.
-            raise DispatchFailed(f"the broker is unreachable: {exc}") from exc
-
-    def after_worker_boot(self, broker: Broker, worker: Worker) -> None:
-        """Every actor module is imported: the process holding the pod lock runs the engine.
-
-        Also with no periodic actor declared: schedules stored at run time
-        (``dramatiq-anarchon add``) name actors too.
-        """
-        self._broker = broker
-        if not self.scheduler:
-            return
-        self._pod_lock = PodLock.of_this_command(self.namespace, self.store_url(broker))
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._hold, name="anarchon-pod-lock", daemon=True)
-        self._thread.start()
-
-    def _hold(self) -> None:
-        assert self._pod_lock is not None and self._broker is not None
-        if not self._pod_lock.wait(self._stop):
-            return
-        try:
-            engine = self.build_engine(self._broker, f"{socket.gethostname()}:{os.getpid()}:dq")
-        except AnarchonError as exc:
-            log.critical("anarchon: the scheduler cannot start: %s", exc)
-            self._pod_lock.release()
-            return
-        with self._lock:
-            if self._stop.is_set():
-                engine.stop(timeout=0)
-                self._pod_lock.release()
-                return
-            self.engine = engine
-            engine.start()
-            try:
-                self._serve_metrics(self._broker, engine)
-            except AnarchonError as exc:  # the scheduler goes on without them
-                log.error("anarchon: cannot serve metrics: %s", exc)
-        log.info(
-            "anarchon: scheduler running in process %d: %d periodic actors, store %s, namespace %s",
-            os.getpid(),
-            len(self.periodic),
-            redact(self.store_url(self._broker)),
-            self.namespace,
-        )
-
-    def _serve_metrics(self, broker: Broker, engine: Engine) -> None:
-        """Serve metrics and probes on ``metrics_port``; count into Dramatiq's Prometheus
-        exposition when its middleware is on the broker (its multiprocess files)."""
-        if self.metrics_port is not None:
-            self._probes = serve_beside(engine, self.metrics_port, self.metrics_host)
-        elif any(type(m).__name__ == "Prometheus" for m in broker.middleware):
-            Metrics(engine)
-
-    def before_worker_shutdown(self, broker: Broker, worker: Worker) -> None:
-        """Hand the held slots over to another instance and let another process lock."""
-        self._stop.set()
-        probes, self._probes = self._probes, None
-        if probes is not None:
-            probes.close()
-        with self._lock:
-            engine, self.engine = self.engine, None
-        if engine is not None:
-            engine.stop(timeout=1.0)
-        if self._thread is not None:
-            self._thread.join(LOCK_RETRY + 1)
-        if self._pod_lock is not None:
-            self._pod_lock.release()
-
-    # -- execution tracking ---------------------------------------------
-
-    def before_process_message(self, broker: Broker, message: Any) -> None:
-        """Take the slot's lease with the message's token; skip a stale attempt."""
-        ticket = tracked_ticket(message.options.get(OPTION))
-        if ticket is None:
-            return
-        try:
-            lease = take(self.store_url(broker), ticket)
-        except SkipWork as skip:
-            raise SkipMessage(str(skip)) from skip
-        with self._lock:
-            self._leases[id(message)] = (lease, False)
-
-    def after_process_message(
-        self, broker: Broker, message: Any, *, result: Any = None, exception: Any = None
-    ) -> None:
-        """Stop renewing; the ack (done, or retried) or nack (failed) decides the outcome."""
-        with self._lock:
-            held = self._leases.get(id(message))
-            if held is not None:
-                self._leases[id(message)] = (held[0], exception is not None)
-        if held is not None:
-            held[0].stop_renewing()
-
-    def after_ack(self, broker: Broker, message: Any) -> None:
-        with self._lock:
-            held = self._leases.pop(id(message), None)
-        if held is not None:
-            lease, raised = held
-            if raised and any(isinstance(m, Retries) for m in broker.middleware):
-                lease.keep_for_retry()
-            else:
-                lease.finish(RunState.FAILED if raised else RunState.DONE)
-
-    def after_nack(self, broker: Broker, message: Any) -> None:
-        with self._lock:
-            held = self._leases.pop(id(message), None)
-        if held is not None:
-            held[0].finish(RunState.FAILED)
+        ExecutionTracking.__init__(self, store=store)

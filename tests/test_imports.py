@@ -1,28 +1,50 @@
-"""No import cycle among the modules of anarchon_core, anarchon_celery and anarchon_dramatiq.
+"""The import graph of anarchon_core, anarchon_celery, anarchon_dramatiq: no cycle, no private use.
 
-The graph is read from the source with ``ast``: an edge for each import that
-runs when a module is imported (its top level, including ``if``/``try``
-blocks and class bodies). Imports inside functions, and under
-``if TYPE_CHECKING:``, do not run at import time and are left out. Importing
+The graph is read from the source with ``ast``: an edge for each import of
+one of our modules, wherever it stands (its top level, ``if``/``try``
+blocks, class bodies, and functions: an import inside a function runs when
+the function does, and a cycle through it is a cycle all the same). Only
+imports under ``if TYPE_CHECKING:`` are left out: they never run. Importing
 ``package.module`` is an edge to that module only, not to the package's
 ``__init__`` (which the package's own modules may import from freely).
+
+A module uses only the public names of another: no ``from .x import _y``;
+no ``x._y`` where ``x`` is a module or an object imported from another of
+our modules (``Store._refusal`` read by the scheduler, say); and no
+``obj._y`` on any object but ``self`` or ``cls`` when nothing in the module
+itself defines ``_y`` (``scheduler._clock`` read by the metrics, say): a
+private attribute that a module reads, it also defines.
 """
 
 from __future__ import annotations
 
 import ast
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("anarchon_core", "anarchon_celery", "anarchon_dramatiq")
 
+#: Cycles known when the checks began to count imports inside functions, each
+#: to be broken by the store contract's rework (then removed from here): the
+#: store's base class checks namespaces through urls.py, which imports the store.
+KNOWN_CYCLES: set[frozenset[str]] = {
+    frozenset({"anarchon_core.store", "anarchon_core.urls"}),
+}
+#: Private names used across modules, known in the same way: (user, name used).
+KNOWN_PRIVATE: set[tuple[str, str]] = {
+    ("anarchon_core.scheduler", "anarchon_core.store.Store._refusal"),
+}
 
-def modules() -> dict[str, Path]:
+
+def modules(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
     found = {}
-    for package in PACKAGES:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            parts = path.relative_to(ROOT).with_suffix("").parts
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
             if parts[-1] == "__init__":
                 parts = parts[:-1]
             found[".".join(parts)] = path
@@ -36,39 +58,40 @@ def _is_type_checking(node: ast.If) -> bool:
     )
 
 
-def top_level_imports(body: list[ast.stmt]) -> Iterator[ast.Import | ast.ImportFrom]:
-    """The import statements that run when a module with this body is imported."""
-    for node in body:
+def running_nodes(node: ast.AST) -> Iterator[ast.AST]:
+    """Every node under ``node`` but those under ``if TYPE_CHECKING:`` (their ``else`` runs)."""
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.If) and _is_type_checking(child):
+            for other in child.orelse:
+                yield other
+                yield from running_nodes(other)
+            continue
+        yield child
+        yield from running_nodes(child)
+
+
+def runtime_imports(tree: ast.Module) -> Iterator[ast.Import | ast.ImportFrom]:
+    """The import statements that may run, at import time or when a function is called."""
+    for node in running_nodes(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             yield node
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            continue
-        elif isinstance(node, ast.If):
-            if not _is_type_checking(node):
-                yield from top_level_imports(node.body)
-            yield from top_level_imports(node.orelse)
-        elif isinstance(node, ast.ClassDef):
-            yield from top_level_imports(node.body)
-        else:
-            for field in ("body", "orelse", "finalbody", "handlers"):
-                for child in getattr(node, field, []):
-                    if isinstance(child, ast.ExceptHandler):
-                        yield from top_level_imports(child.body)
-                    elif isinstance(child, ast.stmt):
-                        yield from top_level_imports([child])
+
+
+def _base(name: str, path: Path, node: ast.ImportFrom) -> str:
+    """The module ``node`` imports from, made absolute."""
+    if not node.level:
+        return node.module or ""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for _ in range(node.level - 1):
+        package = package.rpartition(".")[0]
+    return f"{package}.{node.module}" if node.module else package
 
 
 def imported(name: str, path: Path, node: ast.Import | ast.ImportFrom, known: set[str]) -> set[str]:
     """The modules of ``known`` that ``node``, in module ``name``, imports."""
     if isinstance(node, ast.Import):
         return {alias.name for alias in node.names if alias.name in known}
-    if node.level:
-        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        for _ in range(node.level - 1):
-            package = package.rpartition(".")[0]
-        base = f"{package}.{node.module}" if node.module else package
-    else:
-        base = node.module or ""
+    base = _base(name, path, node)
     targets = set()
     for alias in node.names:
         submodule = f"{base}.{alias.name}"
@@ -79,14 +102,17 @@ def imported(name: str, path: Path, node: ast.Import | ast.ImportFrom, known: se
     return targets
 
 
-def import_graph() -> dict[str, set[str]]:
-    found = modules()
+def _parse(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(encoding="utf-8"), str(path))
+
+
+def import_graph(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> dict[str, set[str]]:
+    found = modules(root, packages)
     known = set(found)
     graph: dict[str, set[str]] = {}
     for name, path in found.items():
-        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
         edges: set[str] = set()
-        for node in top_level_imports(tree.body):
+        for node in runtime_imports(_parse(path)):
             edges |= imported(name, path, node, known)
         graph[name] = edges - {name}
     return graph
@@ -115,17 +141,211 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+#: Names that look private and are public APIs of the standard library
+#: (``namedtuple``'s methods, ``os._exit``, ``sys._getframe``).
+PUBLIC_UNDERSCORED = {"_replace", "_asdict", "_fields", "_make", "_field_defaults", "_exit"}
+
+
+def _private(name: str) -> bool:
+    if name in PUBLIC_UNDERSCORED:
+        return False
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _defined(tree: ast.Module) -> set[str]:
+    """Every name the module defines or binds: functions, classes, attributes, variables."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+    return names
+
+
+@dataclass(frozen=True)
+class PrivateUse:
+    """Module ``user`` uses ``name`` (``module._name``, ``module.Object._attr``) at ``line``."""
+
+    user: str
+    name: str
+    line: int
+
+    def __str__(self) -> str:
+        return f"{self.user}:{self.line} uses {self.name}"
+
+
+def private_uses(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> list[PrivateUse]:
+    """Where a module imports another's private name, reads a private attribute of a
+    module or object it imported from another of our modules, or reads a private
+    attribute of an object (not ``self`` or ``cls``) that the module does not define."""
+    found = modules(root, packages)
+    known = set(found)
+    uses: list[PrivateUse] = []
+    for name, path in found.items():
+        tree = _parse(path)
+        #: Local names bound by imports of our modules -> what they name ("module" or
+        #: "module.Object"), for reading ``local._attr`` below.
+        bound: dict[str, str] = {}
+        for node in runtime_imports(tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name in known and alias.asname:
+                        bound[alias.asname] = alias.name
+                continue
+            base = _base(name, path, node)
+            if base not in known and not any(m.startswith(f"{base}.") for m in known):
+                continue  # not one of ours
+            for alias in node.names:
+                target = f"{base}.{alias.name}"
+                if target in known:  # a submodule (a private one of its own package is fine)
+                    bound[alias.asname or alias.name] = target
+                    continue
+                if base != name and _private(alias.name):
+                    uses.append(PrivateUse(name, target, node.lineno))
+                bound[alias.asname or alias.name] = target
+        for node in running_nodes(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and _private(node.attr)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in bound
+            ):
+                owner = bound[node.value.id]
+                home = owner if owner in known else owner.rpartition(".")[0]
+                if home != name:
+                    uses.append(PrivateUse(name, f"{owner}.{node.attr}", node.lineno))
+                continue
+            if (
+                isinstance(node, ast.Attribute)
+                and _private(node.attr)
+                and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+                and node.attr not in _defined(tree)
+            ):
+                uses.append(PrivateUse(name, f"{ast.unparse(node.value)}.{node.attr}", node.lineno))
+    return uses
+
+
+# -- the checks --------------------------------------------------------------
+
+
 def test_the_graph_sees_the_imports() -> None:
     graph = import_graph()
     assert "anarchon_core.scheduler" in graph["anarchon_core"]
     assert "anarchon_celery.settings" in graph["anarchon_celery.tracking"]
     assert "anarchon_core.handoff" in graph["anarchon_dramatiq.middleware"]
+    # An import inside a function counts (cli.py imports the dashboard when asked to serve it).
+    assert "anarchon_core.dashboard" in graph["anarchon_core.cli"]
+    # One under TYPE_CHECKING does not (it never runs).
+    assert "anarchon_core.scheduler" not in graph["anarchon_core.metrics"]
 
 
 def test_no_import_cycle() -> None:
-    found = cycles(import_graph())
+    found = [c for c in cycles(import_graph()) if frozenset(c) not in KNOWN_CYCLES]
     assert found == [], "import cycles: " + "; ".join(" -> ".join(c) for c in found)
+
+
+def test_the_known_cycles_still_exist() -> None:
+    """A known cycle that is gone is removed from KNOWN_CYCLES, so that it cannot come back."""
+    present = {frozenset(c) for c in cycles(import_graph())}
+    assert present >= KNOWN_CYCLES, f"gone, remove them: {KNOWN_CYCLES - present}"
+
+
+def test_names_is_a_leaf() -> None:
+    """The name checks import nothing of ours but errors.py, which imports nothing of ours."""
+    graph = import_graph()
+    assert graph["anarchon_core.names"] <= {"anarchon_core.errors"}
+    assert graph["anarchon_core.errors"] == set()
+
+
+def test_no_module_uses_the_private_names_of_another() -> None:
+    found = [u for u in private_uses() if (u.user, u.name) not in KNOWN_PRIVATE]
+    assert found == [], "private names used across modules: " + "; ".join(map(str, found))
+
+
+def test_the_known_private_uses_still_exist() -> None:
+    present = {(u.user, u.name) for u in private_uses()}
+    assert present >= KNOWN_PRIVATE, f"gone, remove them: {KNOWN_PRIVATE - present}"
+
+
+# -- the checks check --------------------------------------------------------
 
 
 def test_a_cycle_is_found() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+
+
+def _package(root: Path, files: dict[str, str]) -> tuple[str, ...]:
+    for where, text in files.items():
+        path = root / where
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    return ("pkg",)
+
+
+def test_a_cycle_through_an_import_inside_a_function_is_found(tmp_path: Path) -> None:
+    packages = _package(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/a.py": "from .b import B\n",
+            "pkg/b.py": "B = 1\n\ndef late() -> None:\n    from .a import A  # noqa\n",
+            "pkg/c.py": (
+                "from typing import TYPE_CHECKING\n"
+                "if TYPE_CHECKING:\n    from .a import A\n"
+                "else:\n    import pkg.b\n"
+            ),
+        },
+    )
+    graph = import_graph(tmp_path, packages)
+    assert graph["pkg.b"] == {"pkg.a"}
+    assert graph["pkg.c"] == {"pkg.b"}  # the TYPE_CHECKING branch never runs
+    assert cycles(graph) == [["pkg.a", "pkg.b", "pkg.a"]]
+
+
+@pytest.mark.parametrize(
+    ("source", "name"),
+    [
+        ("from .a import _hidden\n", "pkg.a._hidden"),
+        ("def f() -> None:\n    from pkg.a import _hidden\n", "pkg.a._hidden"),
+        ("from . import a\nx = a._hidden\n", "pkg.a._hidden"),
+        ("import pkg.a as a\nx = a._hidden\n", "pkg.a._hidden"),
+        ("from .a import Thing\nx = Thing._refusal\n", "pkg.a.Thing._refusal"),
+        ("def f(scheduler: object) -> None:\n    scheduler._clock.time()\n", "scheduler._clock"),
+    ],
+)
+def test_a_private_name_used_across_modules_is_found(
+    tmp_path: Path, source: str, name: str
+) -> None:
+    packages = _package(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/a.py": "_hidden = 1\n\nclass Thing:\n    _refusal = 2\n\nx = Thing._refusal\n",
+            "pkg/b.py": source,
+        },
+    )
+    assert [(u.user, u.name) for u in private_uses(tmp_path, packages)] == [("pkg.b", name)]
+
+
+def test_public_names_self_and_dunders_are_not_private_uses(tmp_path: Path) -> None:
+    packages = _package(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/_impl.py": "VALUE = 1\n",
+            "pkg/a.py": "class Thing:\n    def f(self) -> int:\n        return self._x\n",
+            "pkg/b.py": (
+                "from . import _impl\nfrom .a import Thing\n"
+                "y = Thing.__name__\nz = Thing.f\nv = _impl.VALUE\n"
+                "class Own:\n    _seen = 0\n\n"
+                "def f(other: Own, point: tuple[int, int]) -> object:\n"
+                "    return other._seen, point._replace  # defined here; a namedtuple method\n"
+            ),
+        },
+    )
+    assert private_uses(tmp_path, packages) == []

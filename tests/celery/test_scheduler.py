@@ -125,3 +125,27 @@ def test_crontab_fields_given_as_lists_and_sets() -> None:
 def test_crontab_with_both_day_fields_is_refused() -> None:
     with pytest.raises(ConfigurationError, match="both day_of_month and day_of_week"):
         read_entry("e", {"task": "t", "schedule": crontab(day_of_month=1, day_of_week=1)}, "UTC")
+
+
+@pytest.mark.parametrize("signal", ["worker_shutdown", "worker_process_shutdown"])
+def test_a_worker_shutting_down_closes_the_stores_its_tasks_opened(
+    signal: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from celery import signals
+
+    from anarchon_core import handoff
+    from anarchon_core.stores.memory import MemoryStore
+
+    closed: list[str] = []
+
+    class Closing(MemoryStore):
+        def close(self) -> None:
+            closed.append(self.namespace)
+
+    monkeypatch.setattr(handoff, "EXECUTIONS", handoff.Executions())
+    monkeypatch.setattr(
+        handoff, "open_store", lambda url, *, namespace: Closing(namespace=namespace)
+    )
+    handoff.store_for("sqlite:///tasks.db", "billing")
+    getattr(signals, signal).send(sender=None)
+    assert closed == ["billing"]

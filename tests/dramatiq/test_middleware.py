@@ -203,3 +203,55 @@ def test_a_message_retried_by_dramatiq_keeps_its_slot(sqlite_url: str) -> None:
     assert state is not None and state.state is RunState.DISPATCHED
     assert 55 < state.lease_remaining <= 60
     assert store.renew("sync", holder.token, 5)  # and the retried message may take it
+
+
+def test_the_middleware_is_hosting_and_tracking_each_a_middleware_of_its_own() -> None:
+    from anarchon_dramatiq.hosting import SchedulerHost
+    from anarchon_dramatiq.tracking import ExecutionTracking
+
+    _, middleware = make_broker()
+    assert isinstance(middleware, SchedulerHost) and isinstance(middleware, ExecutionTracking)
+    hosting = {"before_declare_actor", "after_worker_boot", "before_worker_shutdown"}
+    tracking = {
+        "before_process_message",
+        "after_process_message",
+        "after_ack",
+        "after_nack",
+        "after_worker_shutdown",
+    }
+    assert hosting <= set(vars(SchedulerHost)) and not hosting & set(vars(ExecutionTracking))
+    assert tracking <= set(vars(ExecutionTracking)) and not tracking & set(vars(SchedulerHost))
+
+
+def test_a_worker_shutting_down_closes_the_stores_it_tracked_with(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from anarchon_core import handoff, open_store
+    from anarchon_dramatiq.tracking import ExecutionTracking
+
+    store = open_store(sqlite_url, namespace="t")
+    holder = store.claim("sync", 1_700_000_000_000, "beat", 60).holder
+    assert holder is not None
+    executions = handoff.Executions()
+    monkeypatch.setattr(handoff, "EXECUTIONS", executions)
+    closed: list[object] = []
+    real_open = handoff.open_store
+
+    def opening(url: str, *, namespace: str) -> Any:
+        opened = real_open(url, namespace=namespace)
+        real_close = opened.close
+        monkeypatch.setattr(opened, "close", lambda: (closed.append(opened), real_close()))
+        return opened
+
+    monkeypatch.setattr(handoff, "open_store", opening)
+    broker = StubBroker()
+    tracking = ExecutionTracking(store=sqlite_url)
+    broker.add_middleware(tracking)
+    message = tracked_message(sqlite_url, "t", holder.token)
+    tracking.before_process_message(broker, message)
+    tracking.after_process_message(broker, message)
+    tracking.after_ack(broker, message)
+    assert closed == []
+    tracking.after_worker_shutdown(broker, None)  # type: ignore[arg-type]
+    assert len(closed) == 1
+    assert executions.running() == []

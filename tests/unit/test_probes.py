@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from anarchon_core import ConfigurationError, FakeClock, Scheduler
 from anarchon_core.metrics import Metrics
-from anarchon_core.probes import ProbeServer, serve
+from anarchon_core.probes import ProbeServer, check_port, serve, serve_beside
 from anarchon_core.scheduler import LOOP_STALL
 from anarchon_core.stores.memory import MemoryStore
 from tests.servers import free_port
@@ -262,3 +262,64 @@ server.close()
     assert done.stdout.split() == ["200", "404"], done.stdout + done.stderr
     assert "prometheus_client is not installed" in done.stderr
     assert "pip install 'anarchon[metrics]'" in done.stderr
+
+
+# -- the one rule of a metrics port, at each entry point ----------------------
+
+NOT_PORTS = ["9100", 70000, True, -1, 9100.0, None]
+
+
+@pytest.mark.parametrize("port", [0, 1, 9100, 65535])
+def test_check_port_keeps_a_tcp_port_and_zero(port: int) -> None:
+    assert check_port(port, "metrics_port") == port
+
+
+@pytest.mark.parametrize("port", NOT_PORTS)
+def test_check_port_refuses_anything_else_naming_the_setting(port: object) -> None:
+    with pytest.raises(
+        ConfigurationError, match=r"^metrics_port=.*0 to 65535 \(0: any free port\)"
+    ):
+        check_port(port, "metrics_port")
+
+
+@pytest.mark.parametrize("port", NOT_PORTS[:-1])
+def test_every_entry_point_refuses_what_check_port_refuses(port: object) -> None:
+    from celery import Celery
+
+    from anarchon_celery.settings import read_settings
+    from anarchon_dramatiq import Anarchon
+
+    scheduler = _scheduler(FakeClock(START), MemoryStore())
+    with pytest.raises(ConfigurationError, match=r"^port=.*expected a TCP port, 0 to"):
+        serve(scheduler, port, "127.0.0.1")  # type: ignore[arg-type]
+    app = Celery("ports", broker="memory://")
+    app.conf.anarchon_metrics_port = port
+    with pytest.raises(
+        ConfigurationError, match=r"^anarchon_metrics_port=.*expected a TCP port, 0 to"
+    ):
+        read_settings(app)
+    with pytest.raises(ConfigurationError, match=r"^metrics_port=.*expected a TCP port, 0 to"):
+        Anarchon(store="memory://", metrics_port=port)  # type: ignore[arg-type]
+
+
+def test_every_entry_point_takes_port_zero_as_any_free_port(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from celery import Celery
+
+    from anarchon_celery.settings import read_settings
+    from anarchon_dramatiq import Anarchon
+
+    app = Celery("ports", broker="memory://")
+    app.conf.anarchon_metrics_port = 0
+    assert read_settings(app).metrics_port == 0
+    assert Anarchon(store="memory://", metrics_port=0).metrics_port == 0
+    scheduler = _scheduler(FakeClock(START), MemoryStore())
+    with caplog.at_level("WARNING", logger="anarchon_core.probes"):
+        server = serve_beside(scheduler, 0, "127.0.0.1")
+    try:
+        assert server.port > 0
+        assert f"metrics port 0: serving on 127.0.0.1:{server.port}" in caplog.text
+        assert ask(server.port, "/healthz").status in (200, 503)
+    finally:
+        server.close()
