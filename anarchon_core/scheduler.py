@@ -57,7 +57,8 @@ from .engine.stored import Handlers, Resolve, StoredSchedules
 from .engine.table import JobTable
 from .errors import ConfigurationError
 from .events import Emitter, Event, Health
-from .jobs import Job, JobOptions, Run, check_name
+from .jobs import Job, JobOptions, Run
+from .names import check_name
 from .peers import Peers
 from .schedules import make_schedule
 from .slots import BACKFILL

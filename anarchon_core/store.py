@@ -51,13 +51,12 @@ from __future__ import annotations
 import abc
 import enum
 import json
-import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import BatchRefused, ConfigurationError
-from .jobs import check_name
+from .names import check_name, check_namespace
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -70,17 +69,6 @@ MAX_INFO = 4096
 MAX_CONTROL_KEY, MAX_CONTROL_VALUE = 300, 16384
 #: Bounds of a registry record's time to live, in seconds.
 MIN_TTL, MAX_TTL = 1.0, 3600.0
-
-_NAMESPACE = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
-
-
-def check_namespace(namespace: str) -> str:
-    """Namespaces end up in keys and table names: keep them plain."""
-    if not isinstance(namespace, str) or not _NAMESPACE.match(namespace):
-        raise ConfigurationError(
-            f"namespace {namespace!r}: use 1-100 letters, digits, '_', '-', '.' or ':'"
-        )
-    return namespace
 
 
 class ClaimStatus(str, enum.Enum):

@@ -15,7 +15,6 @@ from urllib.parse import parse_qsl, quote, unquote, urlsplit
 from .errors import ConfigurationError, MissingDependency
 from .names import check_namespace as check_namespace  # importable from here as before
 from .store import Store
-from .store import check_namespace as check_namespace  # its former home
 
 #: scheme -> (module:Class, extra that installs its driver or None)
 SCHEMES: dict[str, tuple[str, str | None]] = {
