@@ -62,7 +62,7 @@ def _wheel_server(
         return
     try:
         server = start()
-    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+    except (OSError, RuntimeError, AssertionError, subprocess.SubprocessError) as exc:
         servers.not_started(what, exc)
         raise AssertionError("unreachable") from exc
     if server is None:
@@ -155,7 +155,7 @@ def _servers_of(
     datadir = _tmp(prefix)
     try:
         started, url = start(binary, datadir)
-    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+    except (OSError, RuntimeError, AssertionError, subprocess.SubprocessError) as exc:
         servers.not_started(what, exc)
         raise AssertionError("unreachable") from exc
     try:

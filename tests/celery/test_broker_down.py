@@ -16,7 +16,7 @@ import pytest
 from tests import servers
 from tests.broker_outage import restartable_redis, three_pods_across_a_slot
 from tests.celery.harness import CeleryFleet
-from tests.pods import fleets
+from tests.fleet import fleets
 
 pytestmark = pytest.mark.scenario
 

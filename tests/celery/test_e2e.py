@@ -16,7 +16,8 @@ import pytest
 from anarchon_core import open_store
 from tests.celery.harness import CELERY, CeleryFleet, per_slot, slot_seconds
 from tests.cleanup import drop_namespace
-from tests.pods import assert_each_second_once, fleets
+from tests.fleet import assert_each_second_once, fleets
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.scenario
 
@@ -46,9 +47,14 @@ def run_until(pods: CeleryFleet, job: str, slots: int) -> None:
     crontab slot at that boundary is due while one runs (a slow start on a
     loaded machine must not miss it: a first deploy does not catch up).
     """
-    pods.wait_for(lambda ls: pods.starts(job), 60, "a first slot")
+    wait_until(pods.watch(lambda ls: pods.starts(job)), 60, "a first slot", seen=pods.tail)
     started = time.time()
-    pods.wait_for(lambda ls: len(per_slot(pods.starts(job))) >= slots, 120, f"{slots} slots")
+    wait_until(
+        pods.watch(lambda ls: len(per_slot(pods.starts(job))) >= slots),
+        120,
+        f"{slots} slots",
+        seen=pods.tail,
+    )
     boundary = math.ceil(started / 60) * 60
     time.sleep(max(0.0, boundary + 3 - time.time()))
 
@@ -90,7 +96,9 @@ def test_killing_the_pod_that_sent_the_last_slot_misses_no_slot(
     pods = fleet(celery_redis, {"tick": {"every": 6, "work": 0.3}})
     for name in ("w1", "w2", "w3"):
         pods.worker(name)
-    first = pods.wait_for(lambda ls: pods.starts("tick"), 30, "a first slot")[0]
+    first = wait_until(
+        pods.watch(lambda ls: pods.starts("tick")), 30, "a first slot", seen=pods.tail
+    )[0]
     # Two seconds after a slot: its pod sent it, no message of it is in flight.
     time.sleep(max(0.0, slot_seconds(first["slot_id"]) + 6 + 2 - time.time()))
     killed_at = pods.kill(pods.pod_of(pods.starts("tick")[-1]["sent_by"]))
@@ -111,7 +119,7 @@ def test_freezing_the_pod_that_sent_the_last_slot_runs_nothing_twice(
     pods = fleet(celery_redis, {"fast": FAST})
     for name in ("w1", "w2", "w3"):
         pods.worker(name)
-    pods.wait_for(lambda ls: pods.starts("fast"), 30, "a first slot")
+    wait_until(pods.watch(lambda ls: pods.starts("fast")), 30, "a first slot", seen=pods.tail)
     time.sleep(4)
     frozen = pods.pod_of(pods.starts("fast")[-1]["sent_by"])
     frozen_at = pods.signal(frozen, signal.SIGSTOP)
@@ -147,19 +155,30 @@ def test_a_worker_killed_mid_task_is_followed_by_attempt_2(
     pods = fleet(celery_redis, {"long": {"every": 20, "work": 12}})
     for name in ("w1", "w2", "w3"):
         pods.worker(name, concurrency=1)
-    pods.wait_tracking("w1", "w2", "w3")
+    wait_until(
+        lambda: pods.tracking("w1", "w2", "w3"),
+        60,
+        "execution tracking in w1, w2, w3",
+        seen=pods.tail,
+    )
     tracked_since = time.time()
-    first = pods.wait_for(
-        lambda ls: [
-            x for x in ls if x["kind"] == "start" and slot_seconds(x["slot_id"]) > tracked_since
-        ],
+    first = wait_until(
+        pods.watch(
+            lambda ls: [
+                x for x in ls if x["kind"] == "start" and slot_seconds(x["slot_id"]) > tracked_since
+            ]
+        ),
         75,
         "a tracked run of the long task",
+        seen=pods.tail,
     )[0]
     time.sleep(1)
     killed_at = pods.kill(pods.pod_of_worker(first["worker"]))
-    again = pods.wait_for(
-        lambda ls: [x for x in ls if x["kind"] == "start" and x["attempt"] == 2], 15, "attempt 2"
+    again = wait_until(
+        pods.watch(lambda ls: [x for x in ls if x["kind"] == "start" and x["attempt"] == 2]),
+        15,
+        "attempt 2",
+        seen=pods.tail,
     )[0]
     assert again["slot_id"] == first["slot_id"]
     assert again["worker"] != first["worker"]
@@ -173,19 +192,27 @@ def test_a_superseded_attempt_delivered_late_is_skipped(
     pods = fleet(celery_redis, {"long": {"every": 20, "work": 12}})
     for name in ("w1", "w2"):
         pods.worker(name, concurrency=2)
-    pods.wait_tracking("w1", "w2")
+    wait_until(
+        lambda: pods.tracking("w1", "w2"), 60, "execution tracking in w1, w2", seen=pods.tail
+    )
     tracked_since = time.time()
-    first = pods.wait_for(
-        lambda ls: [
-            x for x in ls if x["kind"] == "start" and slot_seconds(x["slot_id"]) > tracked_since
-        ],
+    first = wait_until(
+        pods.watch(
+            lambda ls: [
+                x for x in ls if x["kind"] == "start" and slot_seconds(x["slot_id"]) > tracked_since
+            ]
+        ),
         75,
         "a tracked run of the long task",
+        seen=pods.tail,
     )[0]
     time.sleep(1)
     pods.kill(pods.pod_of_worker(first["worker"]))
-    pods.wait_for(
-        lambda ls: [x for x in ls if x["kind"] == "start" and x["attempt"] == 2], 15, "attempt 2"
+    wait_until(
+        pods.watch(lambda ls: [x for x in ls if x["kind"] == "start" and x["attempt"] == 2]),
+        15,
+        "attempt 2",
+        seen=pods.tail,
     )
     # Attempt 1's message comes back (a redelivery, a visibility timeout...).
     pods.resend(first)
@@ -209,7 +236,9 @@ def test_all_workers_down_across_a_crontab_slot_then_caught_up_once(
         time.sleep(60 - now % 60 + 1)
     for name in ("w1", "w2", "w3"):
         pods.worker(name)
-    first = pods.wait_for(lambda ls: pods.starts("minutely"), 70, "the first minute slot")[0]
+    first = wait_until(
+        pods.watch(lambda ls: pods.starts("minutely")), 70, "the first minute slot", seen=pods.tail
+    )[0]
     for name in ("w1", "w2", "w3"):
         pods.stop(name)
     missed = slot_seconds(first["slot_id"]) + 60
@@ -217,10 +246,13 @@ def test_all_workers_down_across_a_crontab_slot_then_caught_up_once(
     assert [x for x in pods.starts("minutely") if slot_seconds(x["slot_id"]) == missed] == []
     for name in ("w4", "w5", "w6"):
         pods.worker(name)
-    pods.wait_for(
-        lambda ls: [x for x in pods.starts("minutely") if slot_seconds(x["slot_id"]) == missed],
+    wait_until(
+        pods.watch(
+            lambda ls: [x for x in pods.starts("minutely") if slot_seconds(x["slot_id"]) == missed]
+        ),
         30,
         "the catch-up",
+        seen=pods.tail,
     )
     time.sleep(3)
     runs = [x for x in pods.starts("minutely") if slot_seconds(x["slot_id"]) == missed]
@@ -297,21 +329,29 @@ def test_a_cold_shutdown_hands_the_running_slot_over_at_once(
     pods = fleet(celery_redis, {"long": {"every": 30, "work": 20}}, lease=10)
     for name in ("w1", "w2"):
         pods.worker(name, concurrency=1)
-    pods.wait_tracking("w1", "w2")
+    wait_until(
+        lambda: pods.tracking("w1", "w2"), 60, "execution tracking in w1, w2", seen=pods.tail
+    )
     tracked_since = time.time()
-    first = pods.wait_for(
-        lambda ls: [
-            x for x in ls if x["kind"] == "start" and slot_seconds(x["slot_id"]) > tracked_since
-        ],
+    first = wait_until(
+        pods.watch(
+            lambda ls: [
+                x for x in ls if x["kind"] == "start" and slot_seconds(x["slot_id"]) > tracked_since
+            ]
+        ),
         75,
         "a tracked run of the long task",
+        seen=pods.tail,
     )[0]
     time.sleep(1)
     victim = pods.pod_of_worker(first["worker"])
     stopped_at = time.time()
     pods.procs[victim].send_signal(signal.SIGQUIT)  # cold shutdown of that worker
-    again = pods.wait_for(
-        lambda ls: [x for x in ls if x["kind"] == "start" and x["attempt"] == 2], 20, "attempt 2"
+    again = wait_until(
+        pods.watch(lambda ls: [x for x in ls if x["kind"] == "start" and x["attempt"] == 2]),
+        20,
+        "attempt 2",
+        seen=pods.tail,
     )[0]
     assert again["slot_id"] == first["slot_id"]
     assert again["t"] - stopped_at < 5  # far less than the 10 s lease: handed over, not lapsed
@@ -323,18 +363,23 @@ def test_a_celery_retry_keeps_the_slot_without_a_second_run(
     pods = fleet(celery_redis, {"retrying": {"every": 20, "work": 1, "task": "e2e.flaky"}})
     for name in ("w1", "w2"):
         pods.worker(name)
-    pods.wait_tracking("w1", "w2")
+    wait_until(
+        lambda: pods.tracking("w1", "w2"), 60, "execution tracking in w1, w2", seen=pods.tail
+    )
     tracked_since = time.time()
-    pods.wait_for(
-        lambda ls: [
-            x
-            for x in ls
-            if x["kind"] == "end"
-            and x["retries"] == 1
-            and slot_seconds(x["slot_id"]) > tracked_since
-        ],
+    wait_until(
+        pods.watch(
+            lambda ls: [
+                x
+                for x in ls
+                if x["kind"] == "end"
+                and x["retries"] == 1
+                and slot_seconds(x["slot_id"]) > tracked_since
+            ]
+        ),
         80,
         "the retried run to end",
+        seen=pods.tail,
     )
     time.sleep(5)  # longer than the lease: nothing is taken over
     runs = [x for x in pods.starts() if slot_seconds(x["slot_id"]) > tracked_since]

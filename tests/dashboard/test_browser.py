@@ -38,7 +38,8 @@ from anarchon_core import Control
 from anarchon_core.control import Definition
 from tests import servers
 from tests.cleanup import drop_namespace
-from tests.scenarios.harness import Fleet, Line, slot_seconds
+from tests.fleet import Fleet, Line, slot_seconds
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.scenario
 
@@ -305,7 +306,12 @@ def test_the_dashboard_shows_the_fleet_and_pauses_a_job_on_every_instance(
         )
         assert shown["message"] == f"{TICK}: resumed"
         assert control.paused().jobs == ()
-        back = fleet.wait_for(lambda ls: starts(ls, TICK, resumed), 5, "tick to run again")
+        back = wait_until(
+            fleet.watch(lambda ls: starts(ls, TICK, resumed)),
+            5,
+            "tick to run again",
+            seen=fleet.tail,
+        )
         assert back[0]["instance"] in NAMES
         wait_page(
             browser,

@@ -17,7 +17,7 @@ import pytest
 from tests import servers
 from tests.broker_outage import restartable_redis, three_pods_across_a_slot
 from tests.dramatiq.harness import DramatiqFleet
-from tests.pods import fleets
+from tests.fleet import fleets
 
 pytestmark = pytest.mark.scenario
 

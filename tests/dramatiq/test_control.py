@@ -24,7 +24,7 @@ import pytest
 
 from tests.cleanup import drop_namespace
 from tests.dramatiq.harness import APP, DramatiqFleet, Line, per_slot, slot_seconds
-from tests.pods import (
+from tests.fleet import (
     BIN,
     FOLLOW,
     ROOT,
@@ -33,6 +33,7 @@ from tests.pods import (
     pause_resume_and_run_now,
     shown,
 )
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.scenario
 
@@ -107,8 +108,12 @@ def test_a_schedule_stored_at_run_time_is_sent_once_per_slot_paused_run_now_chan
     added_at = time.time()
     assert done.returncode == 0, shown(done)
     assert done.stdout.startswith(f"added job {JOB!r} v"), shown(done)
-    pods.wait_for(lambda ls: runs(pods), 30, "a first slot of the stored schedule")
-    pods.wait_for(lambda ls: len(per_slot(runs(pods))) >= 6, 30, "six slots")
+    wait_until(
+        pods.watch(lambda ls: runs(pods)), 30, "a first slot of the stored schedule", seen=pods.tail
+    )
+    wait_until(
+        pods.watch(lambda ls: len(per_slot(runs(pods))) >= 6), 30, "six slots", seen=pods.tail
+    )
     time.sleep(2)  # a second send of these slots would have run by now
     first = runs(pods)
     assert_each_second_once(first, time.time() - 2, pods)
@@ -128,14 +133,19 @@ def test_a_schedule_stored_at_run_time_is_sent_once_per_slot_paused_run_now_chan
     changed_at = time.time()
     assert done.returncode == 0, shown(done)
     assert re.match(rf"changed job {JOB!r} v(\d+) -> v(\d+): every 1s", done.stdout), shown(done)
-    grid = pods.wait_for(
-        lambda ls: later(runs(pods), changed_at + FOLLOW), 30, "a slot on the changed grid"
+    grid = wait_until(
+        pods.watch(lambda ls: later(runs(pods), changed_at + FOLLOW)),
+        30,
+        "a slot on the changed grid",
+        seen=pods.tail,
     )[0]
     g1 = slot_seconds(grid["slot_id"])
     assert g1 % CHANGED == 0, f"{grid['slot_id']} is not on the {CHANGED}s grid"
     assert g1 <= changed_at + FOLLOW + CHANGED + 0.001, "the first slot of the new grid was missed"
     g2 = f"{JOB}@{int(g1 + CHANGED) * 1000}"
-    pods.wait_for(lambda ls: [x for x in runs(pods) if x["slot_id"] == g2], 15, g2)
+    wait_until(
+        pods.watch(lambda ls: [x for x in runs(pods) if x["slot_id"] == g2]), 15, g2, seen=pods.tail
+    )
 
     # 5. Removed: no slot due FOLLOW seconds after the removal is sent.
     done = control(pods, "remove", JOB)

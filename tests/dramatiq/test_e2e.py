@@ -13,7 +13,8 @@ import pytest
 import redis
 
 from tests.dramatiq.harness import DramatiqFleet, Line, per_slot, slot_seconds
-from tests.pods import assert_each_second_once, fleets
+from tests.fleet import assert_each_second_once, fleets
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.scenario
 
@@ -46,7 +47,7 @@ def test_three_pods_run_every_slot_once(
     pods = fleet(url, {"fast": FAST, "minutely": MINUTELY})
     for name in ("w1", "w2", "w3"):
         pods.worker(name, processes=2, threads=2)
-    pods.wait_for(lambda ls: pods.starts("fast"), 30, "a first slot")
+    wait_until(pods.watch(lambda ls: pods.starts("fast")), 30, "a first slot", seen=pods.tail)
     started = time.time()
     boundary = math.ceil(started / 60) * 60
     time.sleep(max(started + 32, boundary + 3) - time.time())
@@ -72,7 +73,9 @@ def test_killing_the_pod_that_sent_the_last_slot_misses_no_slot(
     pods = fleet(dramatiq_redis, {"tick": {"every": 6, "work": 0.3}})
     for name in ("w1", "w2", "w3"):
         pods.worker(name)
-    first = pods.wait_for(lambda ls: pods.starts("tick"), 30, "a first slot")[0]
+    first = wait_until(
+        pods.watch(lambda ls: pods.starts("tick")), 30, "a first slot", seen=pods.tail
+    )[0]
     # Two seconds after a slot: its pod sent it, no message of it is in flight.
     time.sleep(max(0.0, slot_seconds(first["slot_id"]) + 6 + 2 - time.time()))
     killed_at = pods.kill(pods.pod_of(pods.starts("tick")[-1]["sent_by"]))
@@ -93,7 +96,9 @@ def test_freezing_the_pod_that_sent_the_last_slot_runs_nothing_twice(
     pods = fleet(dramatiq_redis, {"fast": FAST})
     for name in ("w1", "w2", "w3"):
         pods.worker(name)
-    pods.wait_for(lambda ls: len(pods.starts("fast")) > 3, 30, "first slots")
+    wait_until(
+        pods.watch(lambda ls: len(pods.starts("fast")) > 3), 30, "first slots", seen=pods.tail
+    )
     frozen = pods.pod_of(pods.starts("fast")[-1]["sent_by"])
     pods.signal(frozen, signal.SIGSTOP)
     time.sleep(3 * 2)  # longer than the 3 s lease
@@ -121,15 +126,20 @@ def test_a_worker_killed_mid_message_runs_the_slot_again_as_attempt_2(
     pods = fleet(dramatiq_redis, {"long": {"every": 15, "work": 8}, "fast": FAST}, lease=lease)
     pods.worker("w1")
     pods.worker("w2")
-    first = pods.wait_for(lambda ls: pods.starts("long"), 40, "a long message")[0]
+    first = wait_until(
+        pods.watch(lambda ls: pods.starts("long")), 40, "a long message", seen=pods.tail
+    )[0]
     import os
 
     killed = time.time()
     os.kill(first["pid"], signal.SIGKILL)
-    again = pods.wait_for(
-        lambda ls: [x for x in pods.starts("long") if x["slot_id"] == first["slot_id"]][1:],
+    again = wait_until(
+        pods.watch(
+            lambda ls: [x for x in pods.starts("long") if x["slot_id"] == first["slot_id"]][1:]
+        ),
         20,
         "attempt 2",
+        seen=pods.tail,
     )[0]
     assert again["attempt"] == 2
     assert again["t"] - killed <= lease + 2
@@ -145,10 +155,15 @@ def test_dramatiq_anarchon_next_to_plain_workers_sends_each_slot_once(
     pods.worker("w1", scheduler=False)
     pods.worker("w2", scheduler=False)
     # Workers first: a slot sent before any worker consumes would hold its job past the next slot.
-    pods.wait_for(lambda ls: all("ready for action" in t for t in pods.logs().values()), 30, "up")
+    wait_until(
+        pods.watch(lambda ls: all("ready for action" in t for t in pods.logs().values())),
+        30,
+        "up",
+        seen=pods.tail,
+    )
     pods.scheduler("s1")
     pods.scheduler("s2")
-    pods.wait_for(lambda ls: pods.starts("fast"), 30, "a first slot")
+    wait_until(pods.watch(lambda ls: pods.starts("fast")), 30, "a first slot", seen=pods.tail)
     time.sleep(12)
     pods.stop_all()
     fast = pods.starts("fast")
@@ -165,16 +180,21 @@ def test_all_down_across_a_slot_and_back_in_the_catch_up_window_runs_it_once(
 ) -> None:
     pods = fleet(dramatiq_redis, {"ten": {"every": 10, "work": 0.2}})
     pods.worker("w1")
-    first = pods.wait_for(lambda ls: pods.starts("ten"), 40, "a first slot")[0]
+    first = wait_until(
+        pods.watch(lambda ls: pods.starts("ten")), 40, "a first slot", seen=pods.tail
+    )[0]
     pods.stop_all()
     missed = slot_seconds(first["slot_id"]) + 10
     time.sleep(max(0.0, missed + 2 - time.time()))
     pods.worker("w1")
     pods.worker("w2")
-    pods.wait_for(
-        lambda ls: [x for x in pods.starts("ten") if slot_seconds(x["slot_id"]) == missed],
+    wait_until(
+        pods.watch(
+            lambda ls: [x for x in pods.starts("ten") if slot_seconds(x["slot_id"]) == missed]
+        ),
         30,
         "the missed slot",
+        seen=pods.tail,
     )
     time.sleep(2)
     pods.stop_all()
@@ -207,7 +227,12 @@ def test_store_operations_per_slot_do_not_grow_with_processes(
         pods = fleet(dramatiq_redis, {"fast": FAST})
         pods.worker("w1", processes=processes)
         pods.worker("w2", processes=processes)
-        pods.wait_for(lambda ls, p=pods: len(p.starts("fast")) > 2, 30, "first slots")
+        wait_until(
+            pods.watch(lambda ls, p=pods: len(p.starts("fast")) > 2),
+            30,
+            "first slots",
+            seen=pods.tail,
+        )
         before = len(per_slot(pods.starts("fast")))
         result: list[int] = []
         counter = threading.Thread(

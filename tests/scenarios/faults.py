@@ -23,10 +23,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from anarchon_core import Run
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -60,15 +62,9 @@ class Attempts:
         with self._lock:
             return list(self._items)
 
-    def wait_for(self, predicate: Callable[[list[Attempt]], Any], timeout: float, what: str) -> Any:
-        """The first true value of ``predicate(self.all())`` within ``timeout`` seconds."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            found = predicate(self.all())
-            if found:
-                return found
-            time.sleep(0.02)
-        raise AssertionError(f"timed out after {timeout}s waiting for {what}: {self.all()}")
+    def watch(self, predicate: Callable[[list[Attempt]], T]) -> Callable[[], T]:
+        """A condition for ``wait_until``: ``predicate`` of the calls so far."""
+        return lambda: predicate(self.all())
 
 
 def with_port(url: str, port: int) -> str:

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from anarchon_core import open_store
-from tests.scenarios.harness import Line, anchor_soon, slot_seconds
+from tests.fleet import Line, anchor_soon, slot_seconds
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.scenario
 
@@ -45,8 +46,11 @@ def test_killed_runner_is_taken_over_as_attempt_2(fleet_factory: Any) -> None:
     fleet.start(*NAMES)
     first = fleet.first_start()
     killed_at = fleet.kill(first["instance"])
-    again = fleet.wait_for(
-        lambda ls: [x for x in runs_of(ls, first["slot_id"]) if x["attempt"] == 2], 10, "attempt 2"
+    again = wait_until(
+        fleet.watch(lambda ls: [x for x in runs_of(ls, first["slot_id"]) if x["attempt"] == 2]),
+        10,
+        "attempt 2",
+        seen=fleet.tail,
     )[0]
     assert again["instance"] != first["instance"]
     assert again["token"] > first["token"]
@@ -60,8 +64,11 @@ def test_frozen_runner_is_taken_over_then_learns_it_lost(fleet_factory: Any) -> 
     first = fleet.first_start()
     fleet.signal(first["instance"], signal.SIGSTOP)
     time.sleep(2 + 2)  # longer than the lease
-    takeover = fleet.wait_for(
-        lambda ls: [x for x in runs_of(ls, first["slot_id"]) if x["attempt"] == 2], 5, "takeover"
+    takeover = wait_until(
+        fleet.watch(lambda ls: [x for x in runs_of(ls, first["slot_id"]) if x["attempt"] == 2]),
+        5,
+        "takeover",
+        seen=fleet.tail,
     )[0]
     assert takeover["instance"] != first["instance"]
     fleet.signal(first["instance"], signal.SIGCONT)
@@ -71,10 +78,14 @@ def test_frozen_runner_is_taken_over_then_learns_it_lost(fleet_factory: Any) -> 
             x for x in ls if x["kind"] == kind and x["instance"] == first["instance"]
         ]
 
-    fleet.wait_for(original("lost"), 10, "the lost-lease event")  # renewal refused
-    aborted = fleet.wait_for(original("abort"), 10, "the handler to see run.lost")[0]
+    wait_until(
+        fleet.watch(original("lost")), 10, "the lost-lease event", seen=fleet.tail
+    )  # renewal refused
+    aborted = wait_until(
+        fleet.watch(original("abort")), 10, "the handler to see run.lost", seen=fleet.tail
+    )[0]
     assert aborted["attempt"] == 1
-    fleet.wait_for(original("finish_refused"), 10, "the refused finish")
+    wait_until(fleet.watch(original("finish_refused")), 10, "the refused finish", seen=fleet.tail)
     ends = [x for x in fleet.lines() if x["kind"] == "end" and x["slot_id"] == first["slot_id"]]
     assert [x["attempt"] for x in ends] in ([], [2])
     assert len(runs_of(fleet.lines(), first["slot_id"])) == 2
@@ -86,17 +97,23 @@ def test_sigterm_hands_the_run_over_at_once(fleet_factory: Any) -> None:
     first = fleet.first_start()
     time.sleep(0.5)
     stopped_at = fleet.signal(first["instance"], signal.SIGTERM)
-    again = fleet.wait_for(
-        lambda ls: [x for x in runs_of(ls, first["slot_id"]) if x["attempt"] == 2], 5, "hand-over"
+    again = wait_until(
+        fleet.watch(lambda ls: [x for x in runs_of(ls, first["slot_id"]) if x["attempt"] == 2]),
+        5,
+        "hand-over",
+        seen=fleet.tail,
     )[0]
     assert again["t"] - stopped_at <= 1.5  # far less than the 10 s lease
     lines = fleet.lines()
     assert any(x["kind"] == "handed_over" and x["instance"] == first["instance"] for x in lines)
     # The stopped process itself ends within its stop timeout (5 s), whatever its handler does.
-    fleet.wait_for(
-        lambda ls: any(x["kind"] == "down" and x["instance"] == first["instance"] for x in ls),
+    wait_until(
+        fleet.watch(
+            lambda ls: any(x["kind"] == "down" and x["instance"] == first["instance"] for x in ls)
+        ),
         6,
         "the stopped instance to end",
+        seen=fleet.tail,
     )
 
 
@@ -109,8 +126,11 @@ def test_all_instances_killed_mid_run_then_restarted_run_the_slot_again(
     for name in NAMES:
         fleet.kill(name)
     fleet.start("d", "e", "f", work=1)
-    again = fleet.wait_for(
-        lambda ls: [x for x in runs_of(ls, first["slot_id"]) if x["attempt"] == 2], 10, "re-run"
+    again = wait_until(
+        fleet.watch(lambda ls: [x for x in runs_of(ls, first["slot_id"]) if x["attempt"] == 2]),
+        10,
+        "re-run",
+        seen=fleet.tail,
     )
     assert len(again) == 1
     assert again[0]["instance"] in ("d", "e", "f")
@@ -129,7 +149,7 @@ def test_all_down_across_a_slot_then_restarted_inside_the_window(fleet_factory: 
     time.sleep(max(0.0, slot_seconds(missed) + 1.5 - time.time()))
     assert runs_of(fleet.lines(), missed) == []
     fleet.start("d", "e", "f")
-    fleet.wait_for(lambda ls: runs_of(ls, missed), 5, "the catch-up")
+    wait_until(fleet.watch(lambda ls: runs_of(ls, missed)), 5, "the catch-up", seen=fleet.tail)
     time.sleep(1.5)
     runs = runs_of(fleet.lines(), missed)
     assert len(runs) == 1
@@ -164,7 +184,12 @@ def test_a_newer_slot_supersedes_a_lapsed_run_which_is_not_retried(
     # Started after the next slot's time: b finds an older slot whose lease lapsed.
     time.sleep(max(0.0, slot_seconds(first["slot_id"]) + 6.2 - time.time()))
     fleet.start("b")
-    fleet.wait_for(lambda ls: [x for x in ls if x["kind"] == "start"][1:], 15, "a newer slot")
+    wait_until(
+        fleet.watch(lambda ls: [x for x in ls if x["kind"] == "start"][1:]),
+        15,
+        "a newer slot",
+        seen=fleet.tail,
+    )
     time.sleep(1)
     newer = [x for x in fleet.starts() if x["slot_id"] != first["slot_id"]]
     assert len(runs_of(fleet.lines(), first["slot_id"])) == 1  # not retried
@@ -183,7 +208,12 @@ def test_a_backup_takes_a_lapsed_run_over_before_the_next_slot(fleet_factory: An
     fleet.start(*NAMES)
     first = fleet.first_start()
     fleet.kill(first["instance"])
-    fleet.wait_for(lambda ls: len(runs_of(ls, first["slot_id"])) > 1, 8, "the takeover")
+    wait_until(
+        fleet.watch(lambda ls: len(runs_of(ls, first["slot_id"])) > 1),
+        8,
+        "the takeover",
+        seen=fleet.tail,
+    )
     assert [x["attempt"] for x in runs_of(fleet.lines(), first["slot_id"])] == [1, 2]
     later = f"tick@{int((slot_seconds(first['slot_id']) + 4) * 1000)}"
     assert not runs_of(fleet.lines(), later)  # skipped as an overlap of the taken-over run
@@ -225,10 +255,13 @@ def test_a_skewed_backup_does_not_take_a_live_lease_early(fleet_factory: Any) ->
     for name, skew in zip(NAMES, (0, 5, -5), strict=True):
         fleet.start(name, skew=skew)
     first = fleet.first_start()
-    fleet.wait_for(
-        lambda ls: [x for x in ls if x["kind"] == "end" and x["slot_id"] == first["slot_id"]],
+    wait_until(
+        fleet.watch(
+            lambda ls: [x for x in ls if x["kind"] == "end" and x["slot_id"] == first["slot_id"]]
+        ),
         12,
         "the run to end",
+        seen=fleet.tail,
     )
     lines = fleet.lines()
     assert [x for x in lines if x["kind"] in ("takeover", "lost", "abort")] == []

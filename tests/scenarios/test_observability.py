@@ -27,8 +27,8 @@ from anarchon_core.check import LIVE_WITHIN
 from anarchon_core.peers import ANNOUNCE_EVERY
 from tests import servers
 from tests.cleanup import drop_namespace
-from tests.pods import scraped
-from tests.scenarios.harness import Fleet
+from tests.fleet import Fleet, scraped
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.scenario
 
@@ -89,7 +89,12 @@ def test_counters_move_as_slots_are_won_taken_over_and_missed(redis_fleet: Fleet
     fleet.start("a", "b", "c")
     ports = metrics_ports(fleet)
     assert set(ports) == {"a", "b", "c"}
-    fleet.wait_for(lambda ls: len({x["slot_id"] for x in fleet.starts()}) >= 3, 30, "3 slots")
+    wait_until(
+        fleet.watch(lambda ls: len({x["slot_id"] for x in fleet.starts()}) >= 3),
+        30,
+        "3 slots",
+        seen=fleet.tail,
+    )
 
     # Won: the instances' counters add up to the slots they started.
     before = len([x for x in fleet.starts() if x["attempt"] == 1])
@@ -105,16 +110,12 @@ def test_counters_move_as_slots_are_won_taken_over_and_missed(redis_fleet: Fleet
     # Taken over: SIGKILL the instance running a slot (started within the last half
     # second of its 2.5 s of work); a survivor takes it over. Its 1 s lease lapses
     # well before the next slot (3 s), whose claim would otherwise supersede it.
-    running = fleet.wait_for(
-        lambda ls: [
+    running = wait_until(fleet.watch(lambda ls: [
             x for x in fleet.starts()
             if time.time() - x["t"] < 0.5
             and not any(e["kind"] in ("end", "abort") and e["slot_id"] == x["slot_id"]
                         and e["attempt"] == x["attempt"] for e in ls)
-        ],
-        10,
-        "a run that just started",
-    )[-1]  # fmt: skip
+        ]), 10, "a run that just started", seen=fleet.tail)[-1]  # fmt: skip
     victim = running["instance"]
     killed_at = fleet.kill(victim)
     survivors = {n: p for n, p in ports.items() if n != victim}
@@ -177,7 +178,7 @@ def test_check_fails_on_a_frozen_loop_and_a_stopped_store_then_passes_again(
     fleet = Fleet(tmp_path, url, namespace=ns, every=1, work=0.1, lease=2, metrics_port=0)
     try:
         fleet.start("a", "b")
-        fleet.wait_for(lambda ls: fleet.starts(), 20, "a first run")
+        wait_until(fleet.watch(lambda ls: fleet.starts()), 20, "a first run", seen=fleet.tail)
         port = metrics_ports(fleet)["a"]
         done = run_check(url, ns, "--instance", "a", "--job", "tick")
         assert done.returncode == 0, done.stdout + done.stderr

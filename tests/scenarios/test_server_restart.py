@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests import servers
-from tests.scenarios.harness import Fleet
+from tests.fleet import Fleet
 
 pytestmark = pytest.mark.scenario
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.scenarios.harness import Fleet, slot_seconds
+from tests.fleet import Fleet, slot_seconds
 
 pytestmark = pytest.mark.scenario
 
