@@ -38,8 +38,6 @@ NAMES = ("a", "b", "c")
 JOB = "tick"
 #: The fleet's job: a slot every second, working 0.1 s, holding a 3 s lease.
 EVERY, WORK, LEASE = 1, 0.1, 3
-#: How long the job stays paused before the run-now request and the resume.
-PAUSED_FOR = 4.0
 #: A claim of slot S is sent before S + 1 s: past it the engine claims only
 #: the most recent slot. Plus a margin for the claim's own round trip.
 CLAIM_WINDOW = 1.0 + 0.5
@@ -80,6 +78,13 @@ def starts(lines: list[Line]) -> list[Line]:
     return [line for line in lines if line["kind"] == "start"]
 
 
+def refused_after(lines: list[Line], since: float) -> set[str]:
+    """The slots due after ``since`` whose claims were answered "paused"."""
+    return {
+        x["slot_id"] for x in lines if x["kind"] == "paused" and slot_seconds(x["slot_id"]) > since
+    }
+
+
 def test_pause_resume_and_run_now_across_instances(fleet: Fleet) -> None:
     fleet.start(*NAMES)
     wait_until(
@@ -94,7 +99,13 @@ def test_pause_resume_and_run_now_across_instances(fleet: Fleet) -> None:
     paused_at = time.time()  # the pause is in the store by now
     assert done.returncode == 0, shown(done)
     assert done.stdout == f"paused job {JOB!r}\n", shown(done)
-    time.sleep(PAUSED_FOR)
+    # Paused for three slots: the instances claim each and are told the job is paused.
+    wait_until(
+        fleet.watch(lambda ls: len(refused_after(ls, paused_at)) >= 3),
+        15,
+        "3 slots due after the pause refused as paused",
+        seen=fleet.tail,
+    )
     lines = fleet.lines()
     after_pause = [x for x in starts(lines) if slot_seconds(x["slot_id"]) > paused_at]
     assert after_pause == [], f"slots due after the pause at {paused_at:.3f} started"
@@ -103,8 +114,7 @@ def test_pause_resume_and_run_now_across_instances(fleet: Fleet) -> None:
     assert all(x["t"] <= paused_at + LATE_START for x in late), late
     # The instances did claim the slots meanwhile, and were told the job is paused:
     # a pause that stopped the instances claiming would not be a pause in the claim.
-    refused = [x for x in lines if x["kind"] == "paused" and slot_seconds(x["slot_id"]) > paused_at]
-    assert len({x["slot_id"] for x in refused}) >= 2, lines[-10:]
+    assert len(refused_after(lines, paused_at)) >= 2, lines[-10:]
 
     # 2. A run-now request for a paused job is refused, and nothing runs.
     done = anarchon(fleet, "trigger", JOB)
@@ -164,7 +174,14 @@ def test_pause_resume_and_run_now_across_instances(fleet: Fleet) -> None:
         f"{slot_id} to end",
         seen=fleet.tail,
     )
-    time.sleep(2)  # a second claim of the request would have run by now
+    ended = time.time()
+    # Two slots later: a second claim of the request would have run by now.
+    wait_until(
+        fleet.watch(lambda ls: [x for x in starts(ls) if slot_seconds(x["slot_id"]) > ended + 1]),
+        10,
+        "two more slots",
+        seen=fleet.tail,
+    )
     runs = fleet.starts(slot_id=slot_id)
     assert [x["attempt"] for x in runs] == [1], runs
     won = [x for x in fleet.lines() if x["kind"] == "manual" and x["slot_id"] == slot_id]
@@ -219,7 +236,13 @@ def test_a_stored_schedule_and_a_backfill_across_instances(fleet: Fleet) -> None
         "the stored job to run",
         seen=fleet.tail,
     )
-    time.sleep(5)
+    # Four slots: the first three are past their claim window.
+    wait_until(
+        fleet.watch(lambda ls: len({x["slot_id"] for x in starts(ls) if x["job"] == STORED}) >= 4),
+        15,
+        "4 slots of the stored job",
+        seen=fleet.tail,
+    )
     runs = Counter(x["slot_id"] for x in starts(fleet.lines()) if x["job"] == STORED)
     assert runs and set(runs.values()) == {1}, runs  # each slot on exactly one instance
     seconds = sorted(slot_seconds(s) for s in runs)
@@ -231,7 +254,23 @@ def test_a_stored_schedule_and_a_backfill_across_instances(fleet: Fleet) -> None
     done = anarchon(fleet, "change", STORED, "--every", "3")
     changed_at = time.time()
     assert done.returncode == 0, shown(done)
-    time.sleep(7)
+    wait_until(
+        fleet.watch(
+            lambda ls: (
+                len(
+                    {
+                        x["slot_id"]
+                        for x in starts(ls)
+                        if x["job"] == STORED and slot_seconds(x["slot_id"]) > changed_at + 1.0
+                    }
+                )
+                >= 3
+            )
+        ),
+        15,
+        "3 slots after the change",
+        seen=fleet.tail,
+    )
     later = [
         slot_seconds(x["slot_id"])
         for x in starts(fleet.lines())

@@ -23,11 +23,23 @@ def runs_of(lines: list[Line], slot_id: str) -> list[Line]:
     return [line for line in lines if line["kind"] == "start" and line["slot_id"] == slot_id]
 
 
+def slots_after(lines: list[Line], since: float) -> set[str]:
+    """The slots due after ``since`` that started."""
+    return {
+        x["slot_id"] for x in lines if x["kind"] == "start" and slot_seconds(x["slot_id"]) > since
+    }
+
+
 def test_every_slot_runs_exactly_once_spread_over_instances(any_fleet_factory: Any) -> None:
     fleet = any_fleet_factory(every=1, work=0.2, lease=3)
     fleet.start(*NAMES)
     began = time.time()
-    time.sleep(33)
+
+    def settled(lines: list[Line]) -> bool:
+        # 31 slots after the start-up second: the first 30 are past their claim window.
+        return len(slots_after(lines, began + 1)) >= 31
+
+    wait_until(fleet.watch(settled), 60, "31 slots after the start-up", seen=fleet.tail)
     fleet.stop_all()
     starts = [line for line in fleet.starts() if slot_seconds(line["slot_id"]) > began + 1]
     per_slot = Counter(line["slot_id"] for line in starts)
@@ -63,10 +75,9 @@ def test_frozen_runner_is_taken_over_then_learns_it_lost(fleet_factory: Any) -> 
     fleet.start(*NAMES)
     first = fleet.first_start()
     fleet.signal(first["instance"], signal.SIGSTOP)
-    time.sleep(2 + 2)  # longer than the lease
-    takeover = wait_until(
+    takeover = wait_until(  # after the 2 s lease lapsed
         fleet.watch(lambda ls: [x for x in runs_of(ls, first["slot_id"]) if x["attempt"] == 2]),
-        5,
+        2 + 2 + 5,
         "takeover",
         seen=fleet.tail,
     )[0]
@@ -142,7 +153,14 @@ def test_all_down_across_a_slot_then_restarted_inside_the_window(fleet_factory: 
     fleet = fleet_factory(every=6, anchor=anchor_soon(2), work=0.2)
     fleet.start(*NAMES)
     first = fleet.first_start()
-    time.sleep(1)
+    wait_until(  # the first run is over before the kills
+        fleet.watch(
+            lambda ls: [x for x in ls if x["kind"] == "end" and x["slot_id"] == first["slot_id"]]
+        ),
+        5,
+        "the first run to end",
+        seen=fleet.tail,
+    )
     for name in NAMES:
         fleet.kill(name)
     missed = f"tick@{int((slot_seconds(first['slot_id']) + 6) * 1000)}"
@@ -159,7 +177,13 @@ def test_all_down_across_a_slot_then_restarted_inside_the_window(fleet_factory: 
 def test_a_handler_longer_than_its_interval_never_runs_twice_at_once(fleet_factory: Any) -> None:
     fleet = fleet_factory(every=1, work=2.5, lease=3)
     fleet.start(*NAMES)
-    time.sleep(12)
+
+    def evidence(lines: list[Line]) -> bool:
+        overlaps = sum(x["kind"] == "overlap" for x in lines)
+        ended = sum(x["kind"] == "end" for x in lines)
+        return overlaps >= 6 and ended >= 3
+
+    wait_until(fleet.watch(evidence), 30, "3 runs to end and 6 overlaps", seen=fleet.tail)
     fleet.stop_all()
     lines = fleet.lines()
     spans = []
@@ -225,7 +249,18 @@ def test_instances_on_different_schedule_versions_never_run_a_slot_twice(
     fleet = any_fleet_factory(work=0.2, lease=3)
     fleet.start("old1", "old2", every=2)
     fleet.start("new", every=3)
-    time.sleep(14)
+    began = time.time()
+
+    def both_ran(lines: list[Line]) -> bool:
+        seconds = {int(slot_seconds(s)) for s in slots_after(lines, began)}
+        # As many slots as 14 s of both schedules give, each schedule's own among them.
+        return (
+            len(seconds) >= 9
+            and any(s % 3 == 0 and s % 2 for s in seconds)
+            and any(s % 2 == 0 and s % 3 for s in seconds)
+        )
+
+    wait_until(fleet.watch(both_ran), 40, "slots of both schedule versions", seen=fleet.tail)
     fleet.stop_all()
     per_slot = Counter(line["slot_id"] for line in fleet.starts())
     assert max(per_slot.values()) == 1
@@ -241,7 +276,10 @@ def test_skewed_clocks_cause_no_double_run_and_no_premature_takeover(
     fleet = any_fleet_factory(work=0.3, lease=2)
     for name, skew in zip(NAMES, skews, strict=True):
         fleet.start(name, every=1, skew=skew)
-    time.sleep(10)
+    began = time.time()
+    wait_until(
+        fleet.watch(lambda ls: len(slots_after(ls, began)) >= 9), 30, "9 slots", seen=fleet.tail
+    )
     fleet.stop_all()
     lines = fleet.lines()
     per_slot = Counter(line["slot_id"] for line in lines if line["kind"] == "start")
