@@ -236,9 +236,16 @@ def _needs_server(item: pytest.Item) -> bool:
     return any(isinstance(v, str) and (v in SERVER_STORES or v in SERVER_FIXTURES) for v in values)
 
 
+def _long(item: pytest.Item) -> bool:
+    return item.get_closest_marker("scenario") is not None or item.path.stem == "test_simulation"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark the fast tier (``-m fast``): unit, docs, and the memory and SQLite stores."""
     tests = Path(__file__).parent
+    # The longest tests first (the multi-process scenarios, the simulation's seeds): one
+    # of them started last would keep the whole run waiting for it alone.
+    items.sort(key=lambda item: not _long(item))
     for item in items:
         parts = item.path.relative_to(tests).parts
         if (

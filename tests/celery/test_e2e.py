@@ -106,9 +106,13 @@ def test_a_superseded_attempt_delivered_late_is_skipped(
     )
     # Attempt 1's message comes back (a redelivery, a visibility timeout...).
     pods.resend(first)
-    deadline = time.monotonic() + 20
-    while "skipping" not in pods.log("w1") + pods.log("w2") and time.monotonic() < deadline:
-        time.sleep(0.2)
+    wait_until(
+        lambda: "skipping" in pods.log("w1") + pods.log("w2"),
+        20,
+        "a worker to skip the late attempt",
+        interval=0.2,
+        seen=pods.tail,
+    )
     assert "a later attempt of this slot was sent" in pods.log("w1") + pods.log("w2")
     time.sleep(1)
     runs = [x for x in pods.starts() if x["slot_id"] == first["slot_id"]]
@@ -291,10 +295,13 @@ def test_a_worker_without_the_hooks_makes_beat_fall_back_with_a_warning(
     # every slot runs where nothing can track it.
     pods.worker("w1", queue=f"{pods.namespace}-elsewhere")
     pods.worker_without_anarchon("plain")
-    deadline = time.monotonic() + 30
-    while "without execution tracking" not in pods.log("w1") and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert "without execution tracking" in pods.log("w1")
+    wait_until(
+        lambda: "without execution tracking" in pods.log("w1"),
+        30,
+        "beat to fall back to sending without execution tracking",
+        interval=0.2,
+        seen=pods.tail,
+    )
     since = time.time() + 1
     wait_until(
         pods.watch(

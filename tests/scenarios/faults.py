@@ -27,6 +27,7 @@ from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from anarchon_core import Run
+from tests.waiting import wait_until
 
 T = TypeVar("T")
 
@@ -252,13 +253,20 @@ class RedisMisconf:
     def _snapshot(self) -> str:
         """Take a snapshot (BGSAVE); its status, ``ok`` or ``err``."""
         self.client.bgsave()
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
+
+        def ended() -> str | None:
             info = self.client.info("persistence")
-            if not info["rdb_bgsave_in_progress"]:
-                return str(info["rdb_last_bgsave_status"])
-            time.sleep(0.02)
-        raise AssertionError(f"the snapshot did not end: {self.client.info('persistence')}")
+            return None if info["rdb_bgsave_in_progress"] else str(info["rdb_last_bgsave_status"])
+
+        status = wait_until(
+            ended,
+            5,
+            "the snapshot to end",
+            interval=0.02,
+            seen=lambda: self.client.info("persistence"),
+        )
+        assert status is not None
+        return status
 
     def close(self) -> None:
         self.allow()
