@@ -62,7 +62,7 @@ def _wheel_server(
         return
     try:
         server = start()
-    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+    except (OSError, RuntimeError, AssertionError, subprocess.SubprocessError) as exc:
         servers.not_started(what, exc)
         raise AssertionError("unreachable") from exc
     if server is None:
@@ -155,7 +155,7 @@ def _servers_of(
     datadir = _tmp(prefix)
     try:
         started, url = start(binary, datadir)
-    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+    except (OSError, RuntimeError, AssertionError, subprocess.SubprocessError) as exc:
         servers.not_started(what, exc)
         raise AssertionError("unreachable") from exc
     try:
@@ -201,3 +201,56 @@ SERVER_STORES = {
     "nats215": "nats215_url",
     "rabbitmq": "amqp_url",
 }
+
+
+# -- tiers ---------------------------------------------------------------------------
+
+#: Every fixture that gives a server's URL: a test that uses one is not in the fast tier.
+SERVER_FIXTURES = {
+    *SERVER_STORES.values(),
+    "redis_url",
+    "postgres_url",
+    "nats_url",
+    "amqp_url",
+}
+#: The fast tier: these directories, without the tests that need a server.
+FAST_DIRS = ("unit", "docs", "stores")
+#: Modules of tests/stores about one server's own behaviour: they start or need it.
+SERVER_MODULES = {
+    "test_redis",
+    "test_postgres",
+    "test_nats",
+    "test_rabbitmq",
+    "test_libsql",
+    "test_servers",
+    "test_bad_input_servers",
+}
+
+
+def _needs_server(item: pytest.Item) -> bool:
+    if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+        return True
+    callspec = getattr(item, "callspec", None)
+    values = callspec.params.values() if callspec is not None else ()
+    # Store fixtures parametrized by kind ("redis") or by fixture name ("redis_url").
+    return any(isinstance(v, str) and (v in SERVER_STORES or v in SERVER_FIXTURES) for v in values)
+
+
+def _long(item: pytest.Item) -> bool:
+    return item.get_closest_marker("scenario") is not None or item.path.stem == "test_simulation"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the fast tier (``-m fast``): unit, docs, and the memory and SQLite stores."""
+    tests = Path(__file__).parent
+    # The longest tests first (the multi-process scenarios, the simulation's seeds): one
+    # of them started last would keep the whole run waiting for it alone.
+    items.sort(key=lambda item: not _long(item))
+    for item in items:
+        parts = item.path.relative_to(tests).parts
+        if (
+            parts[0] in FAST_DIRS
+            and item.path.stem not in SERVER_MODULES
+            and not _needs_server(item)
+        ):
+            item.add_marker(pytest.mark.fast)

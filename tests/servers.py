@@ -32,11 +32,12 @@ import stat
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+from tests.waiting import wait_until
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 BIN = Path(sys.executable).parent
@@ -85,15 +86,6 @@ def port_open(port: int, host: str = "127.0.0.1", timeout: float = 0.5) -> bool:
             return True
     except OSError:
         return False
-
-
-def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.05)
-    raise RuntimeError(f"{what} did not come up within {timeout}s")
 
 
 def freeze(pid: int) -> None:
@@ -160,8 +152,8 @@ class ServerProcess:
             return self.ready()
 
         try:
-            wait_until(up, timeout, self.name)
-        except RuntimeError as exc:
+            wait_until(up, timeout, f"{self.name} to come up")
+        except (RuntimeError, AssertionError) as exc:
             self.stop()
             raise RuntimeError(f"{exc}; its output ({self.log}):\n{self.output()}") from exc
         return self

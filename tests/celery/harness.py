@@ -3,18 +3,33 @@
 from __future__ import annotations
 
 import sys
-import time
+from pathlib import Path
+from typing import Any
 
-from tests.pods import BIN, Line, Pods, per_slot, slot_seconds
+from tests.fleet import BIN, Fleet, Line, per_slot, slot_seconds
 
 CELERY = str(BIN / "celery")
 __all__ = ["CELERY", "CeleryFleet", "Line", "per_slot", "slot_seconds"]
 
 
-class CeleryFleet(Pods):
+class CeleryFleet(Fleet):
     """Worker and beat processes of one test, each in its own process group (a pod)."""
 
     prefix = "c"
+
+    expected_exits = None  # workers stop in many ways: the tests check their exits
+
+    def __init__(
+        self,
+        tmp_path: Path,
+        broker: str,
+        schedule: dict[str, Any],
+        *,
+        store: str = "",
+        lease: float = 3,
+    ) -> None:
+        super().__init__(tmp_path, store)
+        self.app_settings(broker, schedule, lease)
 
     def worker(
         self,
@@ -57,14 +72,9 @@ class CeleryFleet(Pods):
         argv += ["-s", str(self.tmp_path / f"{name}-beat-schedule")]
         self.spawn(name, argv)
 
-    def wait_tracking(self, *names: str, timeout: float = 60) -> None:
-        """Wait until the beats of ``names`` hand slots off to tracking workers."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if all("every worker tracks execution" in self.log(n) for n in names):
-                return
-            time.sleep(0.2)
-        raise AssertionError(f"execution tracking did not come on in {names}")
+    def tracking(self, *names: str) -> bool:
+        """Whether the beats of ``names`` hand slots off to tracking workers."""
+        return all("every worker tracks execution" in self.log(n) for n in names)
 
     @staticmethod
     def pod_of_worker(worker: str) -> str:

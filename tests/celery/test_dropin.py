@@ -36,7 +36,7 @@ from anarchon_celery import Scheduler
 from anarchon_celery.schedules import read_entry
 from anarchon_core import ConfigurationError, RunState, Store, open_store
 from tests.celery.ticking import drive
-from tests.pods import BIN, ROOT
+from tests.fleet import BIN, ROOT
 
 #: Not registered in the app: beat sends it with its own ``send_task``.
 TASK = "dropin.nothing"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import re
 import signal
 import subprocess
@@ -14,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from anarchon_core import open_store
-from tests.celery.harness import CELERY, CeleryFleet, per_slot, slot_seconds
+from tests.celery.harness import CELERY, CeleryFleet, Line, per_slot, slot_seconds
 from tests.cleanup import drop_namespace
-from tests.pods import assert_each_second_once, fleets
+from tests.fleet import assert_each_second_once, fleets
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.scenario
 
@@ -39,127 +39,36 @@ def fleet(tmp_path: Path) -> Iterator[Callable[..., CeleryFleet]]:
     yield from fleets(CeleryFleet, tmp_path)
 
 
-def run_until(pods: CeleryFleet, job: str, slots: int) -> None:
-    """Until ``job`` ran ``slots`` slots and a minute boundary has passed (for crontab).
-
-    The boundary counts from ``job``'s first run: a beat is up by then, so the
-    crontab slot at that boundary is due while one runs (a slow start on a
-    loaded machine must not miss it: a first deploy does not catch up).
-    """
-    pods.wait_for(lambda ls: pods.starts(job), 60, "a first slot")
-    started = time.time()
-    pods.wait_for(lambda ls: len(per_slot(pods.starts(job))) >= slots, 120, f"{slots} slots")
-    boundary = math.ceil(started / 60) * 60
-    time.sleep(max(0.0, boundary + 3 - time.time()))
-
-
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize("setup", ["redis-broker", "rabbitmq-broker-postgres-store"])
-def test_three_workers_with_beat_run_every_slot_once(
-    fleet: Callable[..., CeleryFleet],
-    setup: str,
-    request: pytest.FixtureRequest,
-) -> None:
-    if setup == "redis-broker":
-        pods = fleet(request.getfixturevalue("celery_redis"), {"fast": FAST, "minutely": MINUTELY})
-    else:
-        amqp = request.getfixturevalue("amqp_url").split("?", 1)[0]
-        store = request.getfixturevalue("postgres_url")
-        pods = fleet(amqp, {"fast": FAST, "minutely": MINUTELY}, store=store)
-    for name in ("w1", "w2", "w3"):
-        pods.worker(name)
-    run_until(pods, "fast", 32)
-    pods.stop_all()
-    fast = pods.starts("fast")
-    assert_each_second_once(fast, time.time() - 3, pods)
-    assert len(per_slot(fast)) >= 30
-    assert {x["attempt"] for x in fast} == {1}
-    assert len({x["task_id"] for x in fast}) == len(fast)
-    assert len({x["worker"] for x in fast}) >= 2
-    minutely = per_slot(pods.starts("minutely"))
-    assert len(minutely) >= 1
-    assert set(minutely.values()) == {1}
-    assert all(slot_seconds(s) % 60 == 0 for s in minutely)
-
-
-def test_killing_the_pod_that_sent_the_last_slot_misses_no_slot(
-    fleet: Callable[..., CeleryFleet], celery_redis: str
-) -> None:
-    # Slots 6 s apart, longer than the 3 s lease plus a run: if a run dies with the
-    # pod it is taken over before the next slot is due, so every slot runs.
-    pods = fleet(celery_redis, {"tick": {"every": 6, "work": 0.3}})
-    for name in ("w1", "w2", "w3"):
-        pods.worker(name)
-    first = pods.wait_for(lambda ls: pods.starts("tick"), 30, "a first slot")[0]
-    # Two seconds after a slot: its pod sent it, no message of it is in flight.
-    time.sleep(max(0.0, slot_seconds(first["slot_id"]) + 6 + 2 - time.time()))
-    killed_at = pods.kill(pods.pod_of(pods.starts("tick")[-1]["sent_by"]))
-    time.sleep(19)
-    pods.stop_all()
-    runs = pods.starts("tick")
-    seconds = sorted({int(slot_seconds(x["slot_id"])) for x in runs})
-    expected = list(range(seconds[0], int(time.time() - 5), 6))
-    assert [s for s in expected if s not in seconds] == [], "a slot was missed"
-    assert len([s for s in expected if s > killed_at]) >= 2
-    attempts = [(x["slot_id"], x["attempt"]) for x in runs]
-    assert len(attempts) == len(set(attempts)), "an attempt ran twice"
-
-
-def test_freezing_the_pod_that_sent_the_last_slot_runs_nothing_twice(
-    fleet: Callable[..., CeleryFleet], celery_redis: str
-) -> None:
-    pods = fleet(celery_redis, {"fast": FAST})
-    for name in ("w1", "w2", "w3"):
-        pods.worker(name)
-    pods.wait_for(lambda ls: pods.starts("fast"), 30, "a first slot")
-    time.sleep(4)
-    frozen = pods.pod_of(pods.starts("fast")[-1]["sent_by"])
-    frozen_at = pods.signal(frozen, signal.SIGSTOP)
-    time.sleep(3 * 2)  # longer than the 3 s lease
-    thawed_at = pods.signal(frozen, signal.SIGCONT)
-    time.sleep(6)
-    stopped_at = time.time()
-    pods.stop_all()
-    fast = pods.starts("fast")
-    attempts = per_slot([x for x in fast if x["attempt"] == 1])
-    assert {s: n for s, n in attempts.items() if n > 1} == {}, "a slot was sent twice"
-    # A slot taken over from the frozen pod ran again as attempt 2: never two of one attempt.
-    runs = [(x["slot_id"], x["attempt"]) for x in fast]
-    assert len(runs) == len(set(runs))
-    # Every slot ran, but those skipped as overlaps while a message the frozen
-    # worker had already received held its slot (its pickup lease): they come
-    # during the freeze only, and each beat says so.
-    first = min(int(slot_seconds(x["slot_id"])) for x in fast)
-    ran = {int(slot_seconds(x["slot_id"])) for x in fast}
-    skipped = [s for s in range(first, int(stopped_at) - 1) if s not in ran]
-    told = {s: pods.mentions(f"overlap fast@{s * 1000} ") for s in skipped}
-    assert [s for s in skipped if not told[s]] == [], f"slots missed: {skipped}; {told}"
-    assert [s for s in skipped if not frozen_at - 1 < s < thawed_at + 2] == [], (
-        f"slots skipped outside the freeze ({frozen_at:.3f} to {thawed_at:.3f}): {told}"
-    )
-    after = set(range(int(thawed_at) + 2, int(stopped_at) - 1))
-    assert len(after) >= 3 and after <= ran, f"slots after the thaw: {sorted(after - ran)} missed"
-
-
 def test_a_worker_killed_mid_task_is_followed_by_attempt_2(
     fleet: Callable[..., CeleryFleet], celery_redis: str
 ) -> None:
     pods = fleet(celery_redis, {"long": {"every": 20, "work": 12}})
     for name in ("w1", "w2", "w3"):
         pods.worker(name, concurrency=1)
-    pods.wait_tracking("w1", "w2", "w3")
+    wait_until(
+        lambda: pods.tracking("w1", "w2", "w3"),
+        60,
+        "execution tracking in w1, w2, w3",
+        seen=pods.tail,
+    )
     tracked_since = time.time()
-    first = pods.wait_for(
-        lambda ls: [
-            x for x in ls if x["kind"] == "start" and slot_seconds(x["slot_id"]) > tracked_since
-        ],
+    first = wait_until(
+        pods.watch(
+            lambda ls: [
+                x for x in ls if x["kind"] == "start" and slot_seconds(x["slot_id"]) > tracked_since
+            ]
+        ),
         75,
         "a tracked run of the long task",
+        seen=pods.tail,
     )[0]
     time.sleep(1)
     killed_at = pods.kill(pods.pod_of_worker(first["worker"]))
-    again = pods.wait_for(
-        lambda ls: [x for x in ls if x["kind"] == "start" and x["attempt"] == 2], 15, "attempt 2"
+    again = wait_until(
+        pods.watch(lambda ls: [x for x in ls if x["kind"] == "start" and x["attempt"] == 2]),
+        15,
+        "attempt 2",
+        seen=pods.tail,
     )[0]
     assert again["slot_id"] == first["slot_id"]
     assert again["worker"] != first["worker"]
@@ -173,25 +82,37 @@ def test_a_superseded_attempt_delivered_late_is_skipped(
     pods = fleet(celery_redis, {"long": {"every": 20, "work": 12}})
     for name in ("w1", "w2"):
         pods.worker(name, concurrency=2)
-    pods.wait_tracking("w1", "w2")
+    wait_until(
+        lambda: pods.tracking("w1", "w2"), 60, "execution tracking in w1, w2", seen=pods.tail
+    )
     tracked_since = time.time()
-    first = pods.wait_for(
-        lambda ls: [
-            x for x in ls if x["kind"] == "start" and slot_seconds(x["slot_id"]) > tracked_since
-        ],
+    first = wait_until(
+        pods.watch(
+            lambda ls: [
+                x for x in ls if x["kind"] == "start" and slot_seconds(x["slot_id"]) > tracked_since
+            ]
+        ),
         75,
         "a tracked run of the long task",
+        seen=pods.tail,
     )[0]
     time.sleep(1)
     pods.kill(pods.pod_of_worker(first["worker"]))
-    pods.wait_for(
-        lambda ls: [x for x in ls if x["kind"] == "start" and x["attempt"] == 2], 15, "attempt 2"
+    wait_until(
+        pods.watch(lambda ls: [x for x in ls if x["kind"] == "start" and x["attempt"] == 2]),
+        15,
+        "attempt 2",
+        seen=pods.tail,
     )
     # Attempt 1's message comes back (a redelivery, a visibility timeout...).
     pods.resend(first)
-    deadline = time.monotonic() + 20
-    while "skipping" not in pods.log("w1") + pods.log("w2") and time.monotonic() < deadline:
-        time.sleep(0.2)
+    wait_until(
+        lambda: "skipping" in pods.log("w1") + pods.log("w2"),
+        20,
+        "a worker to skip the late attempt",
+        interval=0.2,
+        seen=pods.tail,
+    )
     assert "a later attempt of this slot was sent" in pods.log("w1") + pods.log("w2")
     time.sleep(1)
     runs = [x for x in pods.starts() if x["slot_id"] == first["slot_id"]]
@@ -209,7 +130,9 @@ def test_all_workers_down_across_a_crontab_slot_then_caught_up_once(
         time.sleep(60 - now % 60 + 1)
     for name in ("w1", "w2", "w3"):
         pods.worker(name)
-    first = pods.wait_for(lambda ls: pods.starts("minutely"), 70, "the first minute slot")[0]
+    first = wait_until(
+        pods.watch(lambda ls: pods.starts("minutely")), 70, "the first minute slot", seen=pods.tail
+    )[0]
     for name in ("w1", "w2", "w3"):
         pods.stop(name)
     missed = slot_seconds(first["slot_id"]) + 60
@@ -217,10 +140,13 @@ def test_all_workers_down_across_a_crontab_slot_then_caught_up_once(
     assert [x for x in pods.starts("minutely") if slot_seconds(x["slot_id"]) == missed] == []
     for name in ("w4", "w5", "w6"):
         pods.worker(name)
-    pods.wait_for(
-        lambda ls: [x for x in pods.starts("minutely") if slot_seconds(x["slot_id"]) == missed],
+    wait_until(
+        pods.watch(
+            lambda ls: [x for x in pods.starts("minutely") if slot_seconds(x["slot_id"]) == missed]
+        ),
         30,
         "the catch-up",
+        seen=pods.tail,
     )
     time.sleep(3)
     runs = [x for x in pods.starts("minutely") if slot_seconds(x["slot_id"]) == missed]
@@ -235,7 +161,12 @@ def test_two_standalone_beats_next_to_plain_workers(
     pods.worker("w2", beat=False)
     pods.beat("b1")
     pods.beat("b2")
-    time.sleep(16)
+
+    def both_sent(lines: list[Line]) -> bool:
+        fast = pods.starts("fast")
+        return len(per_slot(fast)) >= 10 and len({x["sent_by"] for x in fast}) == 2
+
+    wait_until(pods.watch(both_sent), 60, "10 slots, sent by both beats", seen=pods.tail)
     pods.stop_all()
     fast = pods.starts("fast")
     assert_each_second_once(fast, time.time() - 2, pods)
@@ -297,21 +228,29 @@ def test_a_cold_shutdown_hands_the_running_slot_over_at_once(
     pods = fleet(celery_redis, {"long": {"every": 30, "work": 20}}, lease=10)
     for name in ("w1", "w2"):
         pods.worker(name, concurrency=1)
-    pods.wait_tracking("w1", "w2")
+    wait_until(
+        lambda: pods.tracking("w1", "w2"), 60, "execution tracking in w1, w2", seen=pods.tail
+    )
     tracked_since = time.time()
-    first = pods.wait_for(
-        lambda ls: [
-            x for x in ls if x["kind"] == "start" and slot_seconds(x["slot_id"]) > tracked_since
-        ],
+    first = wait_until(
+        pods.watch(
+            lambda ls: [
+                x for x in ls if x["kind"] == "start" and slot_seconds(x["slot_id"]) > tracked_since
+            ]
+        ),
         75,
         "a tracked run of the long task",
+        seen=pods.tail,
     )[0]
     time.sleep(1)
     victim = pods.pod_of_worker(first["worker"])
     stopped_at = time.time()
     pods.procs[victim].send_signal(signal.SIGQUIT)  # cold shutdown of that worker
-    again = pods.wait_for(
-        lambda ls: [x for x in ls if x["kind"] == "start" and x["attempt"] == 2], 20, "attempt 2"
+    again = wait_until(
+        pods.watch(lambda ls: [x for x in ls if x["kind"] == "start" and x["attempt"] == 2]),
+        20,
+        "attempt 2",
+        seen=pods.tail,
     )[0]
     assert again["slot_id"] == first["slot_id"]
     assert again["t"] - stopped_at < 5  # far less than the 10 s lease: handed over, not lapsed
@@ -323,18 +262,23 @@ def test_a_celery_retry_keeps_the_slot_without_a_second_run(
     pods = fleet(celery_redis, {"retrying": {"every": 20, "work": 1, "task": "e2e.flaky"}})
     for name in ("w1", "w2"):
         pods.worker(name)
-    pods.wait_tracking("w1", "w2")
+    wait_until(
+        lambda: pods.tracking("w1", "w2"), 60, "execution tracking in w1, w2", seen=pods.tail
+    )
     tracked_since = time.time()
-    pods.wait_for(
-        lambda ls: [
-            x
-            for x in ls
-            if x["kind"] == "end"
-            and x["retries"] == 1
-            and slot_seconds(x["slot_id"]) > tracked_since
-        ],
+    wait_until(
+        pods.watch(
+            lambda ls: [
+                x
+                for x in ls
+                if x["kind"] == "end"
+                and x["retries"] == 1
+                and slot_seconds(x["slot_id"]) > tracked_since
+            ]
+        ),
         80,
         "the retried run to end",
+        seen=pods.tail,
     )
     time.sleep(5)  # longer than the lease: nothing is taken over
     runs = [x for x in pods.starts() if slot_seconds(x["slot_id"]) > tracked_since]
@@ -351,12 +295,27 @@ def test_a_worker_without_the_hooks_makes_beat_fall_back_with_a_warning(
     # every slot runs where nothing can track it.
     pods.worker("w1", queue=f"{pods.namespace}-elsewhere")
     pods.worker_without_anarchon("plain")
-    deadline = time.monotonic() + 30
-    while "without execution tracking" not in pods.log("w1") and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert "without execution tracking" in pods.log("w1")
+    wait_until(
+        lambda: "without execution tracking" in pods.log("w1"),
+        30,
+        "beat to fall back to sending without execution tracking",
+        interval=0.2,
+        seen=pods.tail,
+    )
     since = time.time() + 1
-    time.sleep(12)
+    wait_until(
+        pods.watch(
+            lambda ls: (
+                len(
+                    per_slot([x for x in pods.starts("fast") if slot_seconds(x["slot_id"]) > since])
+                )
+                >= 10
+            )
+        ),
+        40,
+        "10 slots run by the hookless worker",
+        seen=pods.tail,
+    )
     pods.stop_all()
     fast = [x for x in pods.starts("fast") if slot_seconds(x["slot_id"]) > since]
     assert_each_second_once(fast, time.time() - 2, pods)

@@ -13,7 +13,7 @@ import contextlib
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from celery.result import AsyncResult
 from anarchon_celery import Scheduler
 from anarchon_core import RunState, Store, open_store
 from tests.celery.ticking import drive
+from tests.waiting import wait_until
 
 # Celery's fixtures. Registered here, not in tests/celery/conftest.py: pytest accepts
 # pytest_plugins only in the top-level conftest. The plugin adds no autouse fixture,
@@ -107,15 +108,6 @@ def beat_scheduler(app: Celery) -> Scheduler:
     return scheduler
 
 
-def wait_for(condition: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
-
-
 @pytest.fixture
 def close_after() -> Iterator[list[Scheduler]]:
     schedulers: list[Scheduler] = []
@@ -142,7 +134,7 @@ def test_two_beats_on_one_store_send_each_slot_once(
     drive(beats, lambda: time.time() > stop_at, timeout=5)
     stats = [b.engine.stats if b.engine else {} for b in beats]
     won = sum(s.get("won", 0) for s in stats)
-    assert wait_for(lambda: len(runs.slots()) >= won, 5), f"{won} slots sent, ran {runs.slots()}"
+    wait_until(lambda: len(runs.slots()) >= won, 5, f"the {won} slots sent to run", seen=runs.slots)
     time.sleep(0.3)  # room for a second message of a slot to arrive
 
     counts = Counter(runs.slots())
@@ -164,7 +156,7 @@ def test_the_task_sees_its_slot_and_attempt(
     scheduler = beat_scheduler(celery_app)
     close_after.append(scheduler)
     drive([scheduler], lambda: bool(runs.seen), timeout=4)
-    assert wait_for(lambda: bool(runs.seen), 3), "the beat sent nothing"
+    wait_until(lambda: bool(runs.seen), 3, "the beat to send a task")
 
     name, task_id, header = runs.seen[0]
     assert header is not None
@@ -200,7 +192,7 @@ def test_the_worker_holds_the_lease_and_finishes_the_slot(
     close_after.append(scheduler)
     # The embedded worker announces its hooks; beat hands slots off once it has heard.
     assert celery_app.conf.get("anarchon_worker_tracking") is True
-    assert wait_for(lambda: scheduler.tracking, 10), "beat never saw the worker's hooks"
+    wait_until(lambda: scheduler.tracking, 10, "beat to see the worker's hooks")
 
     drive([scheduler], lambda: len(runs.seen) >= 2, timeout=4)
     namespace = celery_app.main
@@ -211,7 +203,7 @@ def test_the_worker_holds_the_lease_and_finishes_the_slot(
             state = store.state(job)
             return state is not None and state.state not in (RunState.RUNNING, RunState.DISPATCHED)
 
-        assert wait_for(lambda: finished("record") and finished("boom"), 5)
+        wait_until(lambda: finished("record") and finished("boom"), 5, "record and boom to finish")
         record, boom = store.state("record"), store.state("boom")
         assert record is not None and boom is not None
         assert (record.state, boom.state) == (RunState.DONE, RunState.FAILED)
@@ -239,7 +231,9 @@ def test_the_worker_holds_the_lease_and_finishes_the_slot(
     again = f"{slot['slot_id']}-again"
     runs.seen.clear()
     celery_app.tasks["periodic.record"].apply_async(task_id=again, headers={"anarchon": slot})
-    assert wait_for(lambda: AsyncResult(again, app=celery_app).state == "REVOKED", 5)
+    wait_until(
+        lambda: AsyncResult(again, app=celery_app).state == "REVOKED", 5, "the task to be revoked"
+    )
     assert runs.seen == []
 
 
@@ -254,7 +248,9 @@ def test_beat_stops_once_its_scheduler_closed_even_if_the_signals_exit_is_lost(
     service = beat.Service(celery_app, scheduler_cls=celery_app.conf.beat_scheduler)
     loop = threading.Thread(target=service.start, daemon=True)
     loop.start()
-    assert wait_for(lambda: getattr(service.scheduler, "engine", None) is not None, 5)
+    wait_until(
+        lambda: getattr(service.scheduler, "engine", None) is not None, 5, "the engine to start"
+    )
     service.sync()  # what the handler does before its SystemExit
     loop.join(5)
     assert not loop.is_alive(), "beat kept looping after its scheduler was closed"

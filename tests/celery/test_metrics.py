@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.celery.harness import CeleryFleet
-from tests.pods import fleets, metrics_and_probes_served
+from tests.fleet import fleets, metrics_and_probes_served
 from tests.servers import free_port
 
 pytestmark = pytest.mark.scenario

@@ -46,7 +46,8 @@ import pytest
 
 from anarchon_core import RunState, open_store
 from tests.cleanup import drop_namespace
-from tests.pods import BIN, ROOT
+from tests.fleet import BIN, ROOT
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.scenario
 
@@ -195,15 +196,6 @@ def _pid_of(owner: str) -> int | None:
     return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
 
 
-def _wait_for(check: Any, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.02)
-    return False
-
-
 class Lane:
     """Starts, signals and restarts one beat after another, in one namespace.
 
@@ -292,9 +284,15 @@ class Lane:
             return stop
         # Just after a slot boundary: the step that claims, sends and finishes every
         # entry's slot (the entries are claimed without jitter).
-        ready = _wait_for(
-            lambda: " entries, store " in log.read_text(errors="replace"), READY_LIMIT
-        )
+        try:
+            wait_until(
+                lambda: " entries, store " in log.read_text(errors="replace"),
+                READY_LIMIT,
+                "the scheduler's first tick",
+            )
+            ready = True
+        except AssertionError:
+            ready = False
         self.rounds.wait()
         if not ready:
             self.kill()

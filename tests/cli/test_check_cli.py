@@ -16,7 +16,7 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
@@ -26,18 +26,11 @@ from anarchon_core import Scheduler, Store, open_store
 from tests.cleanup import drop_namespace
 from tests.cli.command import anarchon, shown
 from tests.servers import free_port
+from tests.waiting import wait_until
 
 HOST = socket.gethostname()
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
-
-
-def wait_for(what: str, condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 @dataclass
@@ -77,7 +70,7 @@ def scheduler(target: Target) -> Iterator[Scheduler]:
     cron.add_job(lambda: None, name="tick", every=1)
     cron.start()
     try:
-        wait_for("the scheduler's registry record", lambda: target.registered(cron.instance))
+        wait_until(lambda: target.registered(cron.instance), 10, "the scheduler's registry record")
         yield cron
     finally:
         cron.stop(timeout=5)
@@ -100,7 +93,7 @@ def test_check_passes_beside_a_running_scheduler_of_this_host(
 def test_check_of_a_job_that_succeeds_on_schedule(target: Target, scheduler: Scheduler) -> None:
     # Two slots recorded: the default bound is twice their gap (2 s, unless a slot was
     # skipped on a loaded machine).
-    wait_for("two successes of tick", lambda: target.succeeded("tick", 2), timeout=15)
+    wait_until(lambda: target.succeeded("tick", 2), 15, "two successes of tick")
     done = target.check("--job", "tick")
     assert done.returncode == EXIT_OK, shown(done)
     assert re.search(
@@ -138,7 +131,7 @@ def test_no_loop_skips_the_loop_check(target: Target) -> None:
 
 
 def test_check_fails_once_the_scheduler_stopped(target: Target, scheduler: Scheduler) -> None:
-    wait_for("a success of tick", lambda: target.succeeded("tick", 1))
+    wait_until(lambda: target.succeeded("tick", 1), 10, "a success of tick")
     assert target.check().returncode == EXIT_OK
     scheduler.stop(timeout=5)  # withdraws from the registry at once
     assert not target.registered(scheduler.instance)
@@ -200,8 +193,8 @@ def test_status_lists_the_live_instances_and_what_each_holds(target: Target) -> 
     cron.add_job(lambda: release.wait(20), name="hold", every=1, lease=3)
     cron.start()
     try:
-        wait_for("the scheduler's registry record", lambda: target.registered(cron.instance))
-        wait_for("a run of hold", lambda: "hold" in target.store.jobs())
+        wait_until(lambda: target.registered(cron.instance), 10, "the scheduler's registry record")
+        wait_until(lambda: "hold" in target.store.jobs(), 10, "a run of hold")
         done = anarchon("status", "--store", target.url, "--namespace", target.namespace)
         assert done.returncode == EXIT_OK, shown(done)
         lines = done.stdout.splitlines()
@@ -229,7 +222,7 @@ def test_status_lists_live_instances_before_any_slot_is_recorded(target: Target)
     cron.add_job(lambda: None, name="hourly", every=3600, anchor=later)
     cron.start()
     try:
-        wait_for("the scheduler's registry record", lambda: target.registered(cron.instance))
+        wait_until(lambda: target.registered(cron.instance), 10, "the scheduler's registry record")
         done = anarchon("status", "--store", target.url, "--namespace", target.namespace)
     finally:
         cron.stop(timeout=5)

@@ -21,6 +21,7 @@ from anarchon_core import RunState
 from anarchon_core.cli import main
 from anarchon_core.stores.sqlite import SQLiteStore
 from anarchon_core.tools.demo import STOP_GRACE
+from tests.waiting import wait_until
 
 SLOT = 1_700_000_000_000
 
@@ -91,22 +92,31 @@ def test_status_of_an_empty_namespace(tmp_path: Path, capsys: pytest.CaptureFixt
 
 
 @pytest.mark.scenario
-def test_ctrl_c_stops_the_demo_cleanly() -> None:
+def test_ctrl_c_stops_the_demo_cleanly(tmp_path: Path) -> None:
     import os
     import signal
     import time
 
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "anarchon_core.cli", "demo", "--duration", "60"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
+    stdout, stderr = tmp_path / "out", tmp_path / "err"
+    with open(stdout, "w") as out_file, open(stderr, "w") as err_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "anarchon_core.cli", "demo", "--duration", "60"],
+            stdout=out_file,
+            stderr=err_file,
+            text=True,
+            start_new_session=True,
+        )
+    # Running: the demo shows a first run's row (its slot's time first).
+    wait_until(
+        lambda: re.search(r"^  \d\d:\d\d:\d\d ", stdout.read_text(), re.M),
+        30,
+        "the demo's first run",
+        seen=stdout.read_text,
     )
-    time.sleep(5)
     # Ctrl-C in a terminal signals the whole process group: the demo and its instances.
     os.killpg(proc.pid, signal.SIGINT)
-    out, err = proc.communicate(timeout=30)
+    proc.wait(timeout=30)
+    out, err = stdout.read_text(), stderr.read_text()
     assert proc.returncode == 0, err
     assert "interrupted" in out
     assert re.search(r"slots: \d+, duplicates: 0", out)

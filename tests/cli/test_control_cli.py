@@ -25,6 +25,7 @@ from tests import servers
 from tests.cleanup import drop_namespace
 from tests.cli.command import anarchon, shown
 from tests.sim import START, Cluster
+from tests.waiting import wait_until
 
 EXIT_OK, EXIT_EMPTY, EXIT_CONFIG, EXIT_UNREACHABLE = 0, 1, 2, 3
 
@@ -346,10 +347,7 @@ def test_resume_with_catch_up_runs_the_latest_missed_slot_once(tmp_path: Path) -
         engine.start()
         engines.append(engine)
     try:
-        deadline = time.monotonic() + 10
-        while not runs and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert runs, "the job never ran"
+        wait_until(lambda: runs, 10, "the job to run")
 
         def missed_while_paused(catch_up: bool) -> list[tuple[str, str]]:
             expect(anarchon("pause", "job", *cli), EXIT_OK)

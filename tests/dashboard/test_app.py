@@ -31,6 +31,7 @@ from anarchon_core.dashboard import MAX_BODY, MAX_JOBS, Dashboard
 from anarchon_core.errors import ConfigurationError
 from tests import servers
 from tests.cleanup import drop_namespace
+from tests.waiting import wait_until
 
 TOKEN = "s3cret-dashboard-token-0123"
 #: A job whose schedule is stored (so the namespace knows it), run by no instance here.
@@ -127,16 +128,6 @@ def read_only(store: Store) -> Iterator[Dashboard]:
     made.close()
 
 
-def wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
 def job_row(state: dict[str, Any], name: str) -> dict[str, Any]:
     rows: list[dict[str, Any]] = [row for row in state["jobs"] if row["name"] == name]
     assert len(rows) == 1, state["jobs"]
@@ -162,7 +153,7 @@ def test_state_shows_the_jobs_and_instances_of_a_running_scheduler(
     cron.start()
     try:
         # While a run holds its lease: shown running, owned, with lease left, held by web-1.
-        wait_for(lambda: len(started) >= 2, 10, "a second run of tick")
+        wait_until(lambda: len(started) >= 2, 10, "a second run of tick")
         answer = call(app, "GET", "/api/state")
         assert answer.status == 200
         state = answer.json()
@@ -186,7 +177,7 @@ def test_state_shows_the_jobs_and_instances_of_a_running_scheduler(
             row = job_row(call(app, "GET", "/api/state").json(), "tick")
             return row if row["state"] == "done" and len(row["timeline"]) >= 3 else None
 
-        done = wait_for(finished, 10, "tick to finish a third run")
+        done = wait_until(finished, 10, "tick to finish a third run")
     finally:
         release.set()
         cron.stop()

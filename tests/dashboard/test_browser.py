@@ -21,7 +21,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from selenium import webdriver
@@ -38,7 +38,10 @@ from anarchon_core import Control
 from anarchon_core.control import Definition
 from tests import servers
 from tests.cleanup import drop_namespace
-from tests.scenarios.harness import Fleet, Line, slot_seconds
+from tests.fleet import Fleet, Line, slot_seconds
+from tests.waiting import wait_until
+
+T = TypeVar("T")
 
 pytestmark = pytest.mark.scenario
 
@@ -165,18 +168,9 @@ def row(shown: dict[str, Any], job: str) -> dict[str, Any] | None:
     return next((r for r in shown["jobs"] if r["job"] == job), None)
 
 
-def wait_page(
-    driver: WebDriver, check: Callable[[dict[str, Any]], Any], timeout: float, what: str
-) -> Any:
-    deadline = time.monotonic() + timeout
-    shown: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        shown = tables(driver)
-        found = check(shown)
-        if found:
-            return found
-        time.sleep(0.1)
-    raise AssertionError(f"the page did not show {what} within {timeout}s: {shown}")
+def showing(driver: WebDriver, check: Callable[[dict[str, Any]], T]) -> Callable[[], T]:
+    """A condition for ``wait_until``: ``check`` of the tables the page shows now."""
+    return lambda: check(tables(driver))
 
 
 def click(driver: WebDriver, selector: str) -> float:
@@ -222,11 +216,12 @@ def test_the_dashboard_shows_the_fleet_and_pauses_a_job_on_every_instance(
         # 1. The page loads and shows both jobs, the markup one as its literal name.
         browser.get(actions_url)
         assert browser.title == "anarchon"
-        shown = wait_page(
-            browser,
-            lambda s: s if row(s, TICK) and row(s, MARKUP) else None,
+        shown = wait_until(
+            showing(browser, lambda s: s if row(s, TICK) and row(s, MARKUP) else None),
             15,
             f"the jobs {TICK!r} and {MARKUP!r}",
+            interval=0.1,
+            seen=lambda: tables(browser),
         )
         assert shown["error"] == ""
         assert [r["job"] for r in shown["jobs"]] == sorted([MARKUP, TICK])
@@ -247,26 +242,33 @@ def test_the_dashboard_shows_the_fleet_and_pauses_a_job_on_every_instance(
         assert browser.find_element(By.ID, "token").is_displayed()
 
         # 2. Every live instance, by name.
-        shown = wait_page(
-            browser,
-            lambda s: s if {i["name"] for i in s["instances"]} == set(NAMES) else None,
+        shown = wait_until(
+            showing(
+                browser, lambda s: s if {i["name"] for i in s["instances"]} == set(NAMES) else None
+            ),
             10,
             f"the instances {NAMES}",
+            interval=0.1,
+            seen=lambda: tables(browser),
         )
         assert "2 job(s), 3 live instance(s)" in shown["summary"], shown["summary"]
 
         # 3. It follows the slots as they pass: the last slot and the update time move.
         before = row(shown, TICK)
         assert before is not None
-        wait_page(
-            browser,
-            lambda s: (
-                (now := row(s, TICK)) is not None
-                and now["cells"]["slot"] != before["cells"]["slot"]
-                and s["summary"] != shown["summary"]
+        wait_until(
+            showing(
+                browser,
+                lambda s: (
+                    (now := row(s, TICK)) is not None
+                    and now["cells"]["slot"] != before["cells"]["slot"]
+                    and s["summary"] != shown["summary"]
+                ),
             ),
             5,
             "a later slot of tick and a later update",
+            interval=0.1,
+            seen=lambda: tables(browser),
         )
         now = row(tables(browser), TICK)
         assert now is not None and now["cells"]["owner"] in NAMES, now
@@ -274,11 +276,15 @@ def test_the_dashboard_shows_the_fleet_and_pauses_a_job_on_every_instance(
         # 4. Pause tick with the token: no slot of it starts on any instance.
         browser.find_element(By.ID, "token").send_keys(token)
         clicked = click(browser, f'#jobs tbody tr[data-job="{TICK}"] button.pause')
-        paused = wait_page(
-            browser,
-            lambda s: (r := row(s, TICK)) is not None and r["cells"]["paused"] == "yes" and s,
+        paused = wait_until(
+            showing(
+                browser,
+                lambda s: (r := row(s, TICK)) is not None and r["cells"]["paused"] == "yes" and s,
+            ),
             5,
             "tick paused",
+            interval=0.1,
+            seen=lambda: tables(browser),
         )
         assert paused["message"] == f"{TICK}: paused"
         assert row(paused, TICK)["buttons"] == ["resume", "trigger"]  # type: ignore[index]
@@ -297,21 +303,31 @@ def test_the_dashboard_shows_the_fleet_and_pauses_a_job_on_every_instance(
 
         # 5. Resume: its runs come back, and the page shows the slots it did not run.
         resumed = click(browser, f'#jobs tbody tr[data-job="{TICK}"] button.resume')
-        shown = wait_page(
-            browser,
-            lambda s: (r := row(s, TICK)) is not None and r["cells"]["paused"] == "no" and s,
+        shown = wait_until(
+            showing(
+                browser,
+                lambda s: (r := row(s, TICK)) is not None and r["cells"]["paused"] == "no" and s,
+            ),
             5,
             "tick resumed",
+            interval=0.1,
+            seen=lambda: tables(browser),
         )
         assert shown["message"] == f"{TICK}: resumed"
         assert control.paused().jobs == ()
-        back = fleet.wait_for(lambda ls: starts(ls, TICK, resumed), 5, "tick to run again")
+        back = wait_until(
+            fleet.watch(lambda ls: starts(ls, TICK, resumed)),
+            5,
+            "tick to run again",
+            seen=fleet.tail,
+        )
         assert back[0]["instance"] in NAMES
-        wait_page(
-            browser,
-            lambda s: (r := row(s, TICK)) is not None and r["gaps"] >= 1,
+        wait_until(
+            showing(browser, lambda s: (r := row(s, TICK)) is not None and r["gaps"] >= 1),
             5,
             "the slots tick did not run while paused, in its recent slots",
+            interval=0.1,
+            seen=lambda: tables(browser),
         )
         no_alert(browser)
         if os.environ.get("ANARCHON_SCREENSHOT"):
@@ -319,11 +335,14 @@ def test_the_dashboard_shows_the_fleet_and_pauses_a_job_on_every_instance(
 
         # 6. Read-only: the same tables, no buttons, no token field.
         browser.get(read_only_url)
-        shown = wait_page(
-            browser,
-            lambda s: s if row(s, TICK) and len(s["instances"]) == len(NAMES) else None,
+        shown = wait_until(
+            showing(
+                browser, lambda s: s if row(s, TICK) and len(s["instances"]) == len(NAMES) else None
+            ),
             10,
             "the read-only dashboard's tables",
+            interval=0.1,
+            seen=lambda: tables(browser),
         )
         assert row(shown, MARKUP)["cells"]["name"] == MARKUP  # type: ignore[index]
         assert all(r["buttons"] == [] for r in shown["jobs"]), shown["jobs"]

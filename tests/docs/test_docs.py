@@ -672,13 +672,22 @@ def test_the_extras_table_matches_pyproject() -> None:
         assert documented[name] == expected, f"the {name} extra"
 
 
-def test_the_test_command_is_the_same_everywhere() -> None:
-    """README's test command, copied into docs/testing.md and run by .ci/run."""
-    readme = [f for f in fences(ROOT / "README.md") if "pytest" in f.code]
-    assert len(readme) == 1
-    command = readme[0].code.strip()
-    assert any(f.code.strip() == command for f in fences(DOCS / "testing.md"))
-    assert command in (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+def test_the_test_commands_are_the_same_everywhere() -> None:
+    """README's test commands, the fast tier first, copied into docs/testing.md; .ci/run
+    runs the full one: its setup as written, once, then its pytest command as written."""
+    readme = [f.code.strip() for f in fences(ROOT / "README.md") if "pytest" in f.code]
+    assert len(readme) == 2
+    fast, full = readme
+    assert "pytest -m fast" in fast and "pytest -m" not in full
+    testing = [f.code.strip() for f in fences(DOCS / "testing.md")]
+    assert fast in testing and full in testing
+    setup, _, tests = full.rpartition(" && ")
+    assert fast.startswith(f"{setup} && .venv/bin/python -m pytest -m fast ")
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    assert ci.count(setup) == 1 and ci.count(tests) == 1
+    assert ci.index(setup) < ci.index(tests)
+    assert ci[-1] == tests  # after lint, types and docs: the last step
+    assert sum("python3 -m venv" in line for line in ci) == 1  # one environment
 
 
 def test_every_page_is_in_the_navigation() -> None:

@@ -2,16 +2,33 @@
 
 from __future__ import annotations
 
-from tests.pods import BIN, Line, Pods, per_slot, slot_seconds
+from pathlib import Path
+from typing import Any
+
+from tests.fleet import BIN, Fleet, Line, per_slot, slot_seconds
 
 APP = "tests.dramatiq.e2e_app"
 __all__ = ["APP", "DramatiqFleet", "Line", "per_slot", "slot_seconds"]
 
 
-class DramatiqFleet(Pods):
-    """Pods of one test (``dramatiq`` commands), each in its own process group."""
+class DramatiqFleet(Fleet):
+    """Fleet of one test (``dramatiq`` commands), each in its own process group."""
 
     prefix = "d"
+
+    expected_exits = None  # workers stop in many ways: the tests check their exits
+
+    def __init__(
+        self,
+        tmp_path: Path,
+        broker: str,
+        schedule: dict[str, Any],
+        *,
+        store: str = "",
+        lease: float = 3,
+    ) -> None:
+        super().__init__(tmp_path, store)
+        self.app_settings(broker, schedule, lease)
 
     def worker(
         self, name: str, *, processes: int = 2, threads: int = 2, scheduler: bool = True

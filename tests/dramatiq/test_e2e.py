@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import signal
 import threading
 import time
@@ -12,8 +11,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.dramatiq.harness import DramatiqFleet, Line, per_slot, slot_seconds
-from tests.pods import assert_each_second_once, fleets
+from tests.dramatiq.harness import DramatiqFleet, per_slot, slot_seconds
+from tests.fleet import assert_each_second_once, fleets
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.scenario
 
@@ -31,87 +31,7 @@ def dramatiq_redis(redis_url: str) -> str:
 def fleet(tmp_path: Path) -> Iterator[Callable[..., DramatiqFleet]]:
     yield from fleets(DramatiqFleet, tmp_path)
 
-
-@pytest.mark.timeout(150)
-@pytest.mark.parametrize("broker", ["redis", "rabbitmq"])
-def test_three_pods_run_every_slot_once(
-    fleet: Callable[..., DramatiqFleet], broker: str, request: pytest.FixtureRequest
-) -> None:
-    if broker == "redis":
-        url = request.getfixturevalue("dramatiq_redis")
-    else:
-        # RabbitMQ's claim-only store (the broker itself): each slot sent once, no tracking.
-        url = request.getfixturevalue("amqp_url").split("?", 1)[0]
-        url = url[:-2] + "/%2F" if url.endswith("//") else url  # pika spells vhost "/" so
-    pods = fleet(url, {"fast": FAST, "minutely": MINUTELY})
-    for name in ("w1", "w2", "w3"):
-        pods.worker(name, processes=2, threads=2)
-    pods.wait_for(lambda ls: pods.starts("fast"), 30, "a first slot")
-    started = time.time()
-    boundary = math.ceil(started / 60) * 60
-    time.sleep(max(started + 32, boundary + 3) - time.time())
-    pods.stop_all()
-    fast = pods.starts("fast")
-    assert_each_second_once(fast, time.time() - 3, pods)
-    assert len(per_slot(fast)) >= 30
-    assert {x["attempt"] for x in fast} == {1}
-    assert len({x["pid"] for x in fast}) >= 3, "messages are spread over worker processes"
-    # One scheduler per pod: slots were sent by at most one process of each pod.
-    assert len({x["sent_by"] for x in fast}) <= 3
-    minutely = per_slot(pods.starts("minutely"))
-    assert len(minutely) >= 1
-    assert set(minutely.values()) == {1}
-    assert all(slot_seconds(s) % 60 == 0 for s in minutely)
-
-
-def test_killing_the_pod_that_sent_the_last_slot_misses_no_slot(
-    fleet: Callable[..., DramatiqFleet], dramatiq_redis: str
-) -> None:
-    # Slots 6 s apart, longer than the 3 s lease plus a run: if a run dies with the
-    # pod it is taken over before the next slot is due, so every slot runs.
-    pods = fleet(dramatiq_redis, {"tick": {"every": 6, "work": 0.3}})
-    for name in ("w1", "w2", "w3"):
-        pods.worker(name)
-    first = pods.wait_for(lambda ls: pods.starts("tick"), 30, "a first slot")[0]
-    # Two seconds after a slot: its pod sent it, no message of it is in flight.
-    time.sleep(max(0.0, slot_seconds(first["slot_id"]) + 6 + 2 - time.time()))
-    killed_at = pods.kill(pods.pod_of(pods.starts("tick")[-1]["sent_by"]))
-    time.sleep(19)
-    pods.stop_all()
-    runs = pods.starts("tick")
-    seconds = sorted({int(slot_seconds(x["slot_id"])) for x in runs})
-    expected = list(range(seconds[0], int(time.time() - 5), 6))
-    assert [s for s in expected if s not in seconds] == [], "a slot was missed"
-    assert len([s for s in expected if s > killed_at]) >= 2
-    attempts = [(x["slot_id"], x["attempt"]) for x in runs]
-    assert len(attempts) == len(set(attempts)), "an attempt ran twice"
-
-
-def test_freezing_the_pod_that_sent_the_last_slot_runs_nothing_twice(
-    fleet: Callable[..., DramatiqFleet], dramatiq_redis: str
-) -> None:
-    pods = fleet(dramatiq_redis, {"fast": FAST})
-    for name in ("w1", "w2", "w3"):
-        pods.worker(name)
-    pods.wait_for(lambda ls: len(pods.starts("fast")) > 3, 30, "first slots")
-    frozen = pods.pod_of(pods.starts("fast")[-1]["sent_by"])
-    pods.signal(frozen, signal.SIGSTOP)
-    time.sleep(3 * 2)  # longer than the 3 s lease
-    pods.signal(frozen, signal.SIGCONT)
-    time.sleep(6)
-    pods.stop_all()
-    fast = pods.starts("fast")
-    attempts = Counter_of(fast)
-    assert {k: n for k, n in attempts.items() if n > 1} == {}, "an attempt ran twice"
     # Slots held by the frozen pod were taken over as attempt 2: never two of one attempt.
-
-
-def Counter_of(starts: list[Line]) -> dict[tuple[str, int], int]:
-    counts: dict[tuple[str, int], int] = {}
-    for x in starts:
-        key = (x["slot_id"], x["attempt"])
-        counts[key] = counts.get(key, 0) + 1
-    return counts
 
 
 def test_a_worker_killed_mid_message_runs_the_slot_again_as_attempt_2(
@@ -121,15 +41,20 @@ def test_a_worker_killed_mid_message_runs_the_slot_again_as_attempt_2(
     pods = fleet(dramatiq_redis, {"long": {"every": 15, "work": 8}, "fast": FAST}, lease=lease)
     pods.worker("w1")
     pods.worker("w2")
-    first = pods.wait_for(lambda ls: pods.starts("long"), 40, "a long message")[0]
+    first = wait_until(
+        pods.watch(lambda ls: pods.starts("long")), 40, "a long message", seen=pods.tail
+    )[0]
     import os
 
     killed = time.time()
     os.kill(first["pid"], signal.SIGKILL)
-    again = pods.wait_for(
-        lambda ls: [x for x in pods.starts("long") if x["slot_id"] == first["slot_id"]][1:],
+    again = wait_until(
+        pods.watch(
+            lambda ls: [x for x in pods.starts("long") if x["slot_id"] == first["slot_id"]][1:]
+        ),
         20,
         "attempt 2",
+        seen=pods.tail,
     )[0]
     assert again["attempt"] == 2
     assert again["t"] - killed <= lease + 2
@@ -145,11 +70,21 @@ def test_dramatiq_anarchon_next_to_plain_workers_sends_each_slot_once(
     pods.worker("w1", scheduler=False)
     pods.worker("w2", scheduler=False)
     # Workers first: a slot sent before any worker consumes would hold its job past the next slot.
-    pods.wait_for(lambda ls: all("ready for action" in t for t in pods.logs().values()), 30, "up")
+    wait_until(
+        pods.watch(lambda ls: all("ready for action" in t for t in pods.logs().values())),
+        30,
+        "up",
+        seen=pods.tail,
+    )
     pods.scheduler("s1")
     pods.scheduler("s2")
-    pods.wait_for(lambda ls: pods.starts("fast"), 30, "a first slot")
-    time.sleep(12)
+    wait_until(pods.watch(lambda ls: pods.starts("fast")), 30, "a first slot", seen=pods.tail)
+    wait_until(
+        pods.watch(lambda ls: len(per_slot(pods.starts("fast"))) >= 12),
+        40,
+        "12 slots",
+        seen=pods.tail,
+    )
     pods.stop_all()
     fast = pods.starts("fast")
     assert_each_second_once(fast, time.time() - 3, pods)
@@ -165,16 +100,21 @@ def test_all_down_across_a_slot_and_back_in_the_catch_up_window_runs_it_once(
 ) -> None:
     pods = fleet(dramatiq_redis, {"ten": {"every": 10, "work": 0.2}})
     pods.worker("w1")
-    first = pods.wait_for(lambda ls: pods.starts("ten"), 40, "a first slot")[0]
+    first = wait_until(
+        pods.watch(lambda ls: pods.starts("ten")), 40, "a first slot", seen=pods.tail
+    )[0]
     pods.stop_all()
     missed = slot_seconds(first["slot_id"]) + 10
     time.sleep(max(0.0, missed + 2 - time.time()))
     pods.worker("w1")
     pods.worker("w2")
-    pods.wait_for(
-        lambda ls: [x for x in pods.starts("ten") if slot_seconds(x["slot_id"]) == missed],
+    wait_until(
+        pods.watch(
+            lambda ls: [x for x in pods.starts("ten") if slot_seconds(x["slot_id"]) == missed]
+        ),
         30,
         "the missed slot",
+        seen=pods.tail,
     )
     time.sleep(2)
     pods.stop_all()
@@ -207,7 +147,12 @@ def test_store_operations_per_slot_do_not_grow_with_processes(
         pods = fleet(dramatiq_redis, {"fast": FAST})
         pods.worker("w1", processes=processes)
         pods.worker("w2", processes=processes)
-        pods.wait_for(lambda ls, p=pods: len(p.starts("fast")) > 2, 30, "first slots")
+        wait_until(
+            pods.watch(lambda ls, p=pods: len(p.starts("fast")) > 2),
+            30,
+            "first slots",
+            seen=pods.tail,
+        )
         before = len(per_slot(pods.starts("fast")))
         result: list[int] = []
         counter = threading.Thread(

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from tests.dramatiq.harness import DramatiqFleet
-from tests.pods import fleets, metrics_and_probes_served, scraped
+from tests.fleet import fleets, metrics_and_probes_served, scraped
 from tests.servers import free_port
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.scenario
 
@@ -46,6 +47,11 @@ def test_with_dramatiq_prometheus_the_counters_join_its_exposition(
         except OSError:  # not served yet
             return 0.0
 
-    pods.wait_for(lambda ls: counted() >= 3, 60, "anarchon's counters on Dramatiq's exposition")
+    wait_until(
+        pods.watch(lambda ls: counted() >= 3),
+        60,
+        "anarchon's counters on Dramatiq's exposition",
+        seen=pods.tail,
+    )
     # Dramatiq's own metrics are there too: one exposition for both.
     assert any(name.startswith("dramatiq_") for name, _ in scraped(port))

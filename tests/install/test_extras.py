@@ -22,7 +22,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -30,7 +29,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.pods import per_slot, slot_seconds
+from tests.fleet import per_slot, slot_seconds
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 APPS = Path(__file__).resolve().parent
@@ -154,16 +154,14 @@ class Pod:
             return []
         return [json.loads(x) for x in self.report.read_text().splitlines() if x.strip()]
 
-    def wait_for_slots(self, count: int, timeout: float) -> None:
+    def ran(self, count: int) -> bool:
+        """Whether ``count`` slots ran; a worker that exited first fails the wait at once."""
         assert self.proc is not None
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if len(per_slot(self.lines())) >= count:
-                return
-            if self.proc.poll() is not None:
-                raise AssertionError(f"the worker exited ({self.proc.returncode}):\n{self.tail()}")
-            time.sleep(0.2)
-        raise AssertionError(f"{count} slots did not run within {timeout}s:\n{self.tail()}")
+        if len(per_slot(self.lines())) >= count:
+            return True
+        if self.proc.poll() is not None:
+            raise AssertionError(f"the worker exited ({self.proc.returncode}):\n{self.tail()}")
+        return False
 
     def tail(self) -> str:
         return self.log.read_text(errors="replace")[-6000:] if self.log.exists() else ""
@@ -273,7 +271,7 @@ def test_celery_worker_with_beat_runs_each_slot_once(
     argv += ["--without-mingle"]
     try:
         worker.start(argv)
-        worker.wait_for_slots(SLOTS, 60)
+        wait_until(lambda: worker.ran(SLOTS), 60, f"{SLOTS} slots to run", seen=worker.tail)
         worker.stop()
         _assert_each_slot_once(worker)
         assert all(str(x["id"]).startswith(f"anarchon:{namespace}:") for x in worker.lines())
@@ -309,7 +307,7 @@ def test_dramatiq_worker_runs_each_slot_once(
     argv += ["--queues", namespace]
     try:
         worker.start(argv)
-        worker.wait_for_slots(SLOTS, 60)
+        wait_until(lambda: worker.ran(SLOTS), 60, f"{SLOTS} slots to run", seen=worker.tail)
         worker.stop()
         _assert_each_slot_once(worker)
     finally:

@@ -8,7 +8,7 @@ import pytest
 
 from tests.cleanup import drop_namespace
 from tests.conftest import SERVER_STORES
-from tests.scenarios.harness import Fleet
+from tests.fleet import Fleet
 
 #: Stores with a lease: every row of the failure table runs against each.
 LEASE_STORES = ["sqlite", "redis", "valkey", "postgres", "libsql", "nats"]

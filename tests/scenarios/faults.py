@@ -23,10 +23,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from anarchon_core import Run
+from tests.waiting import wait_until
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -60,15 +63,9 @@ class Attempts:
         with self._lock:
             return list(self._items)
 
-    def wait_for(self, predicate: Callable[[list[Attempt]], Any], timeout: float, what: str) -> Any:
-        """The first true value of ``predicate(self.all())`` within ``timeout`` seconds."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            found = predicate(self.all())
-            if found:
-                return found
-            time.sleep(0.02)
-        raise AssertionError(f"timed out after {timeout}s waiting for {what}: {self.all()}")
+    def watch(self, predicate: Callable[[list[Attempt]], T]) -> Callable[[], T]:
+        """A condition for ``wait_until``: ``predicate`` of the calls so far."""
+        return lambda: predicate(self.all())
 
 
 def with_port(url: str, port: int) -> str:
@@ -256,13 +253,20 @@ class RedisMisconf:
     def _snapshot(self) -> str:
         """Take a snapshot (BGSAVE); its status, ``ok`` or ``err``."""
         self.client.bgsave()
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
+
+        def ended() -> str | None:
             info = self.client.info("persistence")
-            if not info["rdb_bgsave_in_progress"]:
-                return str(info["rdb_last_bgsave_status"])
-            time.sleep(0.02)
-        raise AssertionError(f"the snapshot did not end: {self.client.info('persistence')}")
+            return None if info["rdb_bgsave_in_progress"] else str(info["rdb_last_bgsave_status"])
+
+        status = wait_until(
+            ended,
+            5,
+            "the snapshot to end",
+            interval=0.02,
+            seen=lambda: self.client.info("persistence"),
+        )
+        assert status is not None
+        return status
 
     def close(self) -> None:
         self.allow()

@@ -27,7 +27,8 @@ import pytest
 
 from tests.cleanup import drop_namespace
 from tests.conftest import SERVER_STORES
-from tests.scenarios.harness import Fleet, Line, slot_seconds
+from tests.fleet import Fleet, Line, slot_seconds
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.scenario
 
@@ -37,8 +38,6 @@ NAMES = ("a", "b", "c")
 JOB = "tick"
 #: The fleet's job: a slot every second, working 0.1 s, holding a 3 s lease.
 EVERY, WORK, LEASE = 1, 0.1, 3
-#: How long the job stays paused before the run-now request and the resume.
-PAUSED_FOR = 4.0
 #: A claim of slot S is sent before S + 1 s: past it the engine claims only
 #: the most recent slot. Plus a margin for the claim's own round trip.
 CLAIM_WINDOW = 1.0 + 0.5
@@ -79,10 +78,20 @@ def starts(lines: list[Line]) -> list[Line]:
     return [line for line in lines if line["kind"] == "start"]
 
 
+def refused_after(lines: list[Line], since: float) -> set[str]:
+    """The slots due after ``since`` whose claims were answered "paused"."""
+    return {
+        x["slot_id"] for x in lines if x["kind"] == "paused" and slot_seconds(x["slot_id"]) > since
+    }
+
+
 def test_pause_resume_and_run_now_across_instances(fleet: Fleet) -> None:
     fleet.start(*NAMES)
-    fleet.wait_for(
-        lambda ls: len({x["slot_id"] for x in starts(ls)}) >= 3, 30, "three slots to run"
+    wait_until(
+        fleet.watch(lambda ls: len({x["slot_id"] for x in starts(ls)}) >= 3),
+        30,
+        "three slots to run",
+        seen=fleet.tail,
     )
 
     # 1. Paused: no slot due after the pause starts, on any instance.
@@ -90,7 +99,13 @@ def test_pause_resume_and_run_now_across_instances(fleet: Fleet) -> None:
     paused_at = time.time()  # the pause is in the store by now
     assert done.returncode == 0, shown(done)
     assert done.stdout == f"paused job {JOB!r}\n", shown(done)
-    time.sleep(PAUSED_FOR)
+    # Paused for three slots: the instances claim each and are told the job is paused.
+    wait_until(
+        fleet.watch(lambda ls: len(refused_after(ls, paused_at)) >= 3),
+        15,
+        "3 slots due after the pause refused as paused",
+        seen=fleet.tail,
+    )
     lines = fleet.lines()
     after_pause = [x for x in starts(lines) if slot_seconds(x["slot_id"]) > paused_at]
     assert after_pause == [], f"slots due after the pause at {paused_at:.3f} started"
@@ -99,8 +114,7 @@ def test_pause_resume_and_run_now_across_instances(fleet: Fleet) -> None:
     assert all(x["t"] <= paused_at + LATE_START for x in late), late
     # The instances did claim the slots meanwhile, and were told the job is paused:
     # a pause that stopped the instances claiming would not be a pause in the claim.
-    refused = [x for x in lines if x["kind"] == "paused" and slot_seconds(x["slot_id"]) > paused_at]
-    assert len({x["slot_id"] for x in refused}) >= 2, lines[-10:]
+    assert len(refused_after(lines, paused_at)) >= 2, lines[-10:]
 
     # 2. A run-now request for a paused job is refused, and nothing runs.
     done = anarchon(fleet, "trigger", JOB)
@@ -114,16 +128,17 @@ def test_pause_resume_and_run_now_across_instances(fleet: Fleet) -> None:
     resumed_at = time.time()
     assert done.returncode == 0, shown(done)
     assert done.stdout == f"resumed job {JOB!r}\n", shown(done)
-    first = fleet.wait_for(
-        lambda ls: [x for x in starts(ls) if slot_seconds(x["slot_id"]) > resumed_at],
+    first = wait_until(
+        fleet.watch(lambda ls: [x for x in starts(ls) if slot_seconds(x["slot_id"]) > resumed_at]),
         10,
         "the first slot after the resume",
+        seen=fleet.tail,
     )[0]
     # The very next slot of the grid, not a later one.
     assert slot_seconds(first["slot_id"]) <= resumed_at + EVERY, first
     time.sleep(max(0.0, resumed_at + 3 - time.time()))
     lines = fleet.lines()
-    assert len(fleet.starts(first["slot_id"])) == 1, fleet.starts(first["slot_id"])
+    assert len(fleet.starts(slot_id=first["slot_id"])) == 1, fleet.starts(slot_id=first["slot_id"])
     window = [x for x in starts(lines) if resumed_at <= x["t"] <= resumed_at + 3]
     assert len({x["slot_id"] for x in window}) <= 4, window  # no burst of missed slots
     # Slots due while paused whose claim was sent before the resume never run.
@@ -139,24 +154,35 @@ def test_pause_resume_and_run_now_across_instances(fleet: Fleet) -> None:
     assert match, shown(done)
     slot_id = match.group(1)
     assert slot_id.startswith(f"{JOB}@"), slot_id
-    outcome = fleet.wait_for(
-        lambda ls: [
-            x for x in ls if x.get("slot_id") == slot_id and x["kind"] in ("start", "missed")
-        ],
+    outcome = wait_until(
+        fleet.watch(
+            lambda ls: [
+                x for x in ls if x.get("slot_id") == slot_id and x["kind"] in ("start", "missed")
+            ]
+        ),
         15,
         f"{slot_id} to run",
+        seen=fleet.tail,
     )[0]
     # Nothing overlaps the request here (each run works 0.1 s of the 1 s between
     # slots): no scheduled slot may answer it in its place (a "missed" line).
     assert outcome["kind"] == "start", f"the run-now request was dropped: {outcome}"
     manual = outcome
-    fleet.wait_for(
-        lambda ls: any(x["kind"] == "end" and x["slot_id"] == slot_id for x in ls),
+    wait_until(
+        fleet.watch(lambda ls: any(x["kind"] == "end" and x["slot_id"] == slot_id for x in ls)),
         10,
         f"{slot_id} to end",
+        seen=fleet.tail,
     )
-    time.sleep(2)  # a second claim of the request would have run by now
-    runs = fleet.starts(slot_id)
+    ended = time.time()
+    # Two slots later: a second claim of the request would have run by now.
+    wait_until(
+        fleet.watch(lambda ls: [x for x in starts(ls) if slot_seconds(x["slot_id"]) > ended + 1]),
+        10,
+        "two more slots",
+        seen=fleet.tail,
+    )
+    runs = fleet.starts(slot_id=slot_id)
     assert [x["attempt"] for x in runs] == [1], runs
     won = [x for x in fleet.lines() if x["kind"] == "manual" and x["slot_id"] == slot_id]
     assert [x["instance"] for x in won] == [manual["instance"]], won
@@ -204,10 +230,19 @@ def test_a_stored_schedule_and_a_backfill_across_instances(fleet: Fleet) -> None
     assert done.stdout.startswith(f"added job {STORED!r} v"), shown(done)
     # The first slot every instance knows of: the first one 1 s (one read) after the add.
     first_due = (int(added_at + 1.0) // 2 + 1) * 2
-    fleet.wait_for(
-        lambda ls: [x for x in starts(ls) if x["job"] == STORED], 10, "the stored job to run"
+    wait_until(
+        fleet.watch(lambda ls: [x for x in starts(ls) if x["job"] == STORED]),
+        10,
+        "the stored job to run",
+        seen=fleet.tail,
     )
-    time.sleep(5)
+    # Four slots: the first three are past their claim window.
+    wait_until(
+        fleet.watch(lambda ls: len({x["slot_id"] for x in starts(ls) if x["job"] == STORED}) >= 4),
+        15,
+        "4 slots of the stored job",
+        seen=fleet.tail,
+    )
     runs = Counter(x["slot_id"] for x in starts(fleet.lines()) if x["job"] == STORED)
     assert runs and set(runs.values()) == {1}, runs  # each slot on exactly one instance
     seconds = sorted(slot_seconds(s) for s in runs)
@@ -219,7 +254,23 @@ def test_a_stored_schedule_and_a_backfill_across_instances(fleet: Fleet) -> None
     done = anarchon(fleet, "change", STORED, "--every", "3")
     changed_at = time.time()
     assert done.returncode == 0, shown(done)
-    time.sleep(7)
+    wait_until(
+        fleet.watch(
+            lambda ls: (
+                len(
+                    {
+                        x["slot_id"]
+                        for x in starts(ls)
+                        if x["job"] == STORED and slot_seconds(x["slot_id"]) > changed_at + 1.0
+                    }
+                )
+                >= 3
+            )
+        ),
+        15,
+        "3 slots after the change",
+        seen=fleet.tail,
+    )
     later = [
         slot_seconds(x["slot_id"])
         for x in starts(fleet.lines())
@@ -248,10 +299,13 @@ def test_a_stored_schedule_and_a_backfill_across_instances(fleet: Fleet) -> None
     done = anarchon(fleet, "backfill", JOB, "--from", start, "--to", end, "--unrecorded")
     assert done.returncode == 0, shown(done)
     expected = [f"{JOB}@{(now - 600 + 60 * k) * 1000}" for k in range(10)]
-    fleet.wait_for(
-        lambda ls: len({x["slot_id"] for x in starts(ls) if x["slot_id"] in expected}) == 10,
+    wait_until(
+        fleet.watch(
+            lambda ls: len({x["slot_id"] for x in starts(ls) if x["slot_id"] in expected}) == 10
+        ),
         40,
         "the 10 backfilled slots",
+        seen=fleet.tail,
     )
     time.sleep(1.5)
     lines = fleet.lines()

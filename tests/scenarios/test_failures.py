@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from anarchon_core import open_store
-from tests.scenarios.harness import Line, anchor_soon, slot_seconds
+from tests.fleet import Line, anchor_soon, slot_seconds
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.scenario
 
@@ -22,11 +23,23 @@ def runs_of(lines: list[Line], slot_id: str) -> list[Line]:
     return [line for line in lines if line["kind"] == "start" and line["slot_id"] == slot_id]
 
 
+def slots_after(lines: list[Line], since: float) -> set[str]:
+    """The slots due after ``since`` that started."""
+    return {
+        x["slot_id"] for x in lines if x["kind"] == "start" and slot_seconds(x["slot_id"]) > since
+    }
+
+
 def test_every_slot_runs_exactly_once_spread_over_instances(any_fleet_factory: Any) -> None:
     fleet = any_fleet_factory(every=1, work=0.2, lease=3)
     fleet.start(*NAMES)
     began = time.time()
-    time.sleep(33)
+
+    def settled(lines: list[Line]) -> bool:
+        # 31 slots after the start-up second: the first 30 are past their claim window.
+        return len(slots_after(lines, began + 1)) >= 31
+
+    wait_until(fleet.watch(settled), 60, "31 slots after the start-up", seen=fleet.tail)
     fleet.stop_all()
     starts = [line for line in fleet.starts() if slot_seconds(line["slot_id"]) > began + 1]
     per_slot = Counter(line["slot_id"] for line in starts)
@@ -45,8 +58,11 @@ def test_killed_runner_is_taken_over_as_attempt_2(fleet_factory: Any) -> None:
     fleet.start(*NAMES)
     first = fleet.first_start()
     killed_at = fleet.kill(first["instance"])
-    again = fleet.wait_for(
-        lambda ls: [x for x in runs_of(ls, first["slot_id"]) if x["attempt"] == 2], 10, "attempt 2"
+    again = wait_until(
+        fleet.watch(lambda ls: [x for x in runs_of(ls, first["slot_id"]) if x["attempt"] == 2]),
+        10,
+        "attempt 2",
+        seen=fleet.tail,
     )[0]
     assert again["instance"] != first["instance"]
     assert again["token"] > first["token"]
@@ -59,9 +75,11 @@ def test_frozen_runner_is_taken_over_then_learns_it_lost(fleet_factory: Any) -> 
     fleet.start(*NAMES)
     first = fleet.first_start()
     fleet.signal(first["instance"], signal.SIGSTOP)
-    time.sleep(2 + 2)  # longer than the lease
-    takeover = fleet.wait_for(
-        lambda ls: [x for x in runs_of(ls, first["slot_id"]) if x["attempt"] == 2], 5, "takeover"
+    takeover = wait_until(  # after the 2 s lease lapsed
+        fleet.watch(lambda ls: [x for x in runs_of(ls, first["slot_id"]) if x["attempt"] == 2]),
+        2 + 2 + 5,
+        "takeover",
+        seen=fleet.tail,
     )[0]
     assert takeover["instance"] != first["instance"]
     fleet.signal(first["instance"], signal.SIGCONT)
@@ -71,10 +89,14 @@ def test_frozen_runner_is_taken_over_then_learns_it_lost(fleet_factory: Any) -> 
             x for x in ls if x["kind"] == kind and x["instance"] == first["instance"]
         ]
 
-    fleet.wait_for(original("lost"), 10, "the lost-lease event")  # renewal refused
-    aborted = fleet.wait_for(original("abort"), 10, "the handler to see run.lost")[0]
+    wait_until(
+        fleet.watch(original("lost")), 10, "the lost-lease event", seen=fleet.tail
+    )  # renewal refused
+    aborted = wait_until(
+        fleet.watch(original("abort")), 10, "the handler to see run.lost", seen=fleet.tail
+    )[0]
     assert aborted["attempt"] == 1
-    fleet.wait_for(original("finish_refused"), 10, "the refused finish")
+    wait_until(fleet.watch(original("finish_refused")), 10, "the refused finish", seen=fleet.tail)
     ends = [x for x in fleet.lines() if x["kind"] == "end" and x["slot_id"] == first["slot_id"]]
     assert [x["attempt"] for x in ends] in ([], [2])
     assert len(runs_of(fleet.lines(), first["slot_id"])) == 2
@@ -86,17 +108,23 @@ def test_sigterm_hands_the_run_over_at_once(fleet_factory: Any) -> None:
     first = fleet.first_start()
     time.sleep(0.5)
     stopped_at = fleet.signal(first["instance"], signal.SIGTERM)
-    again = fleet.wait_for(
-        lambda ls: [x for x in runs_of(ls, first["slot_id"]) if x["attempt"] == 2], 5, "hand-over"
+    again = wait_until(
+        fleet.watch(lambda ls: [x for x in runs_of(ls, first["slot_id"]) if x["attempt"] == 2]),
+        5,
+        "hand-over",
+        seen=fleet.tail,
     )[0]
     assert again["t"] - stopped_at <= 1.5  # far less than the 10 s lease
     lines = fleet.lines()
     assert any(x["kind"] == "handed_over" and x["instance"] == first["instance"] for x in lines)
     # The stopped process itself ends within its stop timeout (5 s), whatever its handler does.
-    fleet.wait_for(
-        lambda ls: any(x["kind"] == "down" and x["instance"] == first["instance"] for x in ls),
+    wait_until(
+        fleet.watch(
+            lambda ls: any(x["kind"] == "down" and x["instance"] == first["instance"] for x in ls)
+        ),
         6,
         "the stopped instance to end",
+        seen=fleet.tail,
     )
 
 
@@ -109,8 +137,11 @@ def test_all_instances_killed_mid_run_then_restarted_run_the_slot_again(
     for name in NAMES:
         fleet.kill(name)
     fleet.start("d", "e", "f", work=1)
-    again = fleet.wait_for(
-        lambda ls: [x for x in runs_of(ls, first["slot_id"]) if x["attempt"] == 2], 10, "re-run"
+    again = wait_until(
+        fleet.watch(lambda ls: [x for x in runs_of(ls, first["slot_id"]) if x["attempt"] == 2]),
+        10,
+        "re-run",
+        seen=fleet.tail,
     )
     assert len(again) == 1
     assert again[0]["instance"] in ("d", "e", "f")
@@ -122,14 +153,21 @@ def test_all_down_across_a_slot_then_restarted_inside_the_window(fleet_factory: 
     fleet = fleet_factory(every=6, anchor=anchor_soon(2), work=0.2)
     fleet.start(*NAMES)
     first = fleet.first_start()
-    time.sleep(1)
+    wait_until(  # the first run is over before the kills
+        fleet.watch(
+            lambda ls: [x for x in ls if x["kind"] == "end" and x["slot_id"] == first["slot_id"]]
+        ),
+        5,
+        "the first run to end",
+        seen=fleet.tail,
+    )
     for name in NAMES:
         fleet.kill(name)
     missed = f"tick@{int((slot_seconds(first['slot_id']) + 6) * 1000)}"
     time.sleep(max(0.0, slot_seconds(missed) + 1.5 - time.time()))
     assert runs_of(fleet.lines(), missed) == []
     fleet.start("d", "e", "f")
-    fleet.wait_for(lambda ls: runs_of(ls, missed), 5, "the catch-up")
+    wait_until(fleet.watch(lambda ls: runs_of(ls, missed)), 5, "the catch-up", seen=fleet.tail)
     time.sleep(1.5)
     runs = runs_of(fleet.lines(), missed)
     assert len(runs) == 1
@@ -139,7 +177,13 @@ def test_all_down_across_a_slot_then_restarted_inside_the_window(fleet_factory: 
 def test_a_handler_longer_than_its_interval_never_runs_twice_at_once(fleet_factory: Any) -> None:
     fleet = fleet_factory(every=1, work=2.5, lease=3)
     fleet.start(*NAMES)
-    time.sleep(12)
+
+    def evidence(lines: list[Line]) -> bool:
+        overlaps = sum(x["kind"] == "overlap" for x in lines)
+        ended = sum(x["kind"] == "end" for x in lines)
+        return overlaps >= 6 and ended >= 3
+
+    wait_until(fleet.watch(evidence), 30, "3 runs to end and 6 overlaps", seen=fleet.tail)
     fleet.stop_all()
     lines = fleet.lines()
     spans = []
@@ -164,7 +208,12 @@ def test_a_newer_slot_supersedes_a_lapsed_run_which_is_not_retried(
     # Started after the next slot's time: b finds an older slot whose lease lapsed.
     time.sleep(max(0.0, slot_seconds(first["slot_id"]) + 6.2 - time.time()))
     fleet.start("b")
-    fleet.wait_for(lambda ls: [x for x in ls if x["kind"] == "start"][1:], 15, "a newer slot")
+    wait_until(
+        fleet.watch(lambda ls: [x for x in ls if x["kind"] == "start"][1:]),
+        15,
+        "a newer slot",
+        seen=fleet.tail,
+    )
     time.sleep(1)
     newer = [x for x in fleet.starts() if x["slot_id"] != first["slot_id"]]
     assert len(runs_of(fleet.lines(), first["slot_id"])) == 1  # not retried
@@ -183,7 +232,12 @@ def test_a_backup_takes_a_lapsed_run_over_before_the_next_slot(fleet_factory: An
     fleet.start(*NAMES)
     first = fleet.first_start()
     fleet.kill(first["instance"])
-    fleet.wait_for(lambda ls: len(runs_of(ls, first["slot_id"])) > 1, 8, "the takeover")
+    wait_until(
+        fleet.watch(lambda ls: len(runs_of(ls, first["slot_id"])) > 1),
+        8,
+        "the takeover",
+        seen=fleet.tail,
+    )
     assert [x["attempt"] for x in runs_of(fleet.lines(), first["slot_id"])] == [1, 2]
     later = f"tick@{int((slot_seconds(first['slot_id']) + 4) * 1000)}"
     assert not runs_of(fleet.lines(), later)  # skipped as an overlap of the taken-over run
@@ -195,7 +249,18 @@ def test_instances_on_different_schedule_versions_never_run_a_slot_twice(
     fleet = any_fleet_factory(work=0.2, lease=3)
     fleet.start("old1", "old2", every=2)
     fleet.start("new", every=3)
-    time.sleep(14)
+    began = time.time()
+
+    def both_ran(lines: list[Line]) -> bool:
+        seconds = {int(slot_seconds(s)) for s in slots_after(lines, began)}
+        # As many slots as 14 s of both schedules give, each schedule's own among them.
+        return (
+            len(seconds) >= 9
+            and any(s % 3 == 0 and s % 2 for s in seconds)
+            and any(s % 2 == 0 and s % 3 for s in seconds)
+        )
+
+    wait_until(fleet.watch(both_ran), 40, "slots of both schedule versions", seen=fleet.tail)
     fleet.stop_all()
     per_slot = Counter(line["slot_id"] for line in fleet.starts())
     assert max(per_slot.values()) == 1
@@ -211,7 +276,10 @@ def test_skewed_clocks_cause_no_double_run_and_no_premature_takeover(
     fleet = any_fleet_factory(work=0.3, lease=2)
     for name, skew in zip(NAMES, skews, strict=True):
         fleet.start(name, every=1, skew=skew)
-    time.sleep(10)
+    began = time.time()
+    wait_until(
+        fleet.watch(lambda ls: len(slots_after(ls, began)) >= 9), 30, "9 slots", seen=fleet.tail
+    )
     fleet.stop_all()
     lines = fleet.lines()
     per_slot = Counter(line["slot_id"] for line in lines if line["kind"] == "start")
@@ -225,10 +293,13 @@ def test_a_skewed_backup_does_not_take_a_live_lease_early(fleet_factory: Any) ->
     for name, skew in zip(NAMES, (0, 5, -5), strict=True):
         fleet.start(name, skew=skew)
     first = fleet.first_start()
-    fleet.wait_for(
-        lambda ls: [x for x in ls if x["kind"] == "end" and x["slot_id"] == first["slot_id"]],
+    wait_until(
+        fleet.watch(
+            lambda ls: [x for x in ls if x["kind"] == "end" and x["slot_id"] == first["slot_id"]]
+        ),
         12,
         "the run to end",
+        seen=fleet.tail,
     )
     lines = fleet.lines()
     assert [x for x in lines if x["kind"] in ("takeover", "lost", "abort")] == []

@@ -18,7 +18,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,8 +27,8 @@ from anarchon_core.check import LIVE_WITHIN
 from anarchon_core.peers import ANNOUNCE_EVERY
 from tests import servers
 from tests.cleanup import drop_namespace
-from tests.pods import scraped
-from tests.scenarios.harness import Fleet
+from tests.fleet import Fleet, scraped
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.scenario
 
@@ -60,16 +60,6 @@ def metrics_ports(fleet: Fleet) -> dict[str, int]:
     }
 
 
-def wait(check: Callable[[], bool], timeout: float, what: str) -> float:
-    """Seconds until ``check()`` held (polled every 0.2 s), or fail naming ``what``."""
-    began = time.monotonic()
-    while not check():
-        if time.monotonic() - began > timeout:
-            raise AssertionError(f"{what}: not within {timeout}s")
-        time.sleep(0.2)
-    return time.monotonic() - began
-
-
 @pytest.fixture
 def redis_fleet(tmp_path: Path, redis_url: str) -> Iterator[Fleet]:
     namespace = f"o{uuid.uuid4().hex[:10]}"
@@ -89,7 +79,12 @@ def test_counters_move_as_slots_are_won_taken_over_and_missed(redis_fleet: Fleet
     fleet.start("a", "b", "c")
     ports = metrics_ports(fleet)
     assert set(ports) == {"a", "b", "c"}
-    fleet.wait_for(lambda ls: len({x["slot_id"] for x in fleet.starts()}) >= 3, 30, "3 slots")
+    wait_until(
+        fleet.watch(lambda ls: len({x["slot_id"] for x in fleet.starts()}) >= 3),
+        30,
+        "3 slots",
+        seen=fleet.tail,
+    )
 
     # Won: the instances' counters add up to the slots they started.
     before = len([x for x in fleet.starts() if x["attempt"] == 1])
@@ -105,28 +100,25 @@ def test_counters_move_as_slots_are_won_taken_over_and_missed(redis_fleet: Fleet
     # Taken over: SIGKILL the instance running a slot (started within the last half
     # second of its 2.5 s of work); a survivor takes it over. Its 1 s lease lapses
     # well before the next slot (3 s), whose claim would otherwise supersede it.
-    running = fleet.wait_for(
-        lambda ls: [
+    running = wait_until(fleet.watch(lambda ls: [
             x for x in fleet.starts()
             if time.time() - x["t"] < 0.5
             and not any(e["kind"] in ("end", "abort") and e["slot_id"] == x["slot_id"]
                         and e["attempt"] == x["attempt"] for e in ls)
-        ],
-        10,
-        "a run that just started",
-    )[-1]  # fmt: skip
+        ]), 10, "a run that just started", seen=fleet.tail)[-1]  # fmt: skip
     victim = running["instance"]
     killed_at = fleet.kill(victim)
     survivors = {n: p for n, p in ports.items() if n != victim}
     try:
-        wait(
+        wait_until(
             lambda: total(survivors, "anarchon_slots_taken_over_total", "tick", ns) >= 1,
-            15,  # the lease (1 s) and a watch, with room for a loaded machine
+            15,
             "a takeover counted after the SIGKILL",
+            interval=0.2,
         )
     except AssertionError as exc:
         since = [x for x in fleet.lines() if x["t"] >= killed_at - 3]
-        logs = {n: (fleet.logs / f"{n}.log").read_text()[-3000:] for n in survivors}
+        logs = {n: fleet.log(n)[-3000:] for n in survivors}
         raise AssertionError(f"{exc}; killed {running}; then: {since}; logs: {logs}") from None
     takeover = [x for x in fleet.starts() if x["slot_id"] == running["slot_id"]]
     assert [x["attempt"] for x in takeover] == [running["attempt"], running["attempt"] + 1]
@@ -138,10 +130,11 @@ def test_counters_move_as_slots_are_won_taken_over_and_missed(redis_fleet: Fleet
     time.sleep(7)
     for name in survivors:
         fleet.signal(name, signal.SIGCONT)
-    wait(
+    wait_until(
         lambda: total(survivors, "anarchon_slots_missed_total", "tick", ns) >= 1,
         5,
         "a missed slot counted after the freeze",
+        interval=0.2,
     )
     # No slot id ever becomes a label: one series per job and metric.
     samples = scrape(next(iter(survivors.values())))
@@ -177,7 +170,7 @@ def test_check_fails_on_a_frozen_loop_and_a_stopped_store_then_passes_again(
     fleet = Fleet(tmp_path, url, namespace=ns, every=1, work=0.1, lease=2, metrics_port=0)
     try:
         fleet.start("a", "b")
-        fleet.wait_for(lambda ls: fleet.starts(), 20, "a first run")
+        wait_until(fleet.watch(lambda ls: fleet.starts()), 20, "a first run", seen=fleet.tail)
         port = metrics_ports(fleet)["a"]
         done = run_check(url, ns, "--instance", "a", "--job", "tick")
         assert done.returncode == 0, done.stdout + done.stderr
@@ -189,18 +182,20 @@ def test_check_fails_on_a_frozen_loop_and_a_stopped_store_then_passes_again(
         fleet.signal("a", signal.SIGSTOP)
         with pytest.raises(OSError):  # a frozen process answers no HTTP probe either
             urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2)
-        wait(
+        wait_until(
             lambda: run_check(url, ns, "--instance", "a").returncode == 1,
             LIVE_WITHIN + 5 - (time.monotonic() - frozen_at),
             "check failing on a frozen loop",
+            interval=0.2,
         )
         # The other instance, not frozen, passes all along.
         assert run_check(url, ns, "--instance", "b").returncode == 0
         fleet.signal("a", signal.SIGCONT)
-        wait(
+        wait_until(
             lambda: run_check(url, ns, "--instance", "a").returncode == 0,
             5,
             "check passing once the loop steps again",
+            interval=0.2,
         )
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as answer:
             assert answer.status == 200
@@ -217,15 +212,16 @@ def test_check_fails_on_a_frozen_loop_and_a_stopped_store_then_passes_again(
                 return exc.code == 503
             return False
 
-        wait(not_ready, 5, "/readyz failing while the store is down")
+        wait_until(not_ready, 5, "/readyz failing while the store is down", interval=0.2)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as answer:
             assert answer.status == 200
         server.restart()
         # Zero again once the instance announces itself to the restarted store.
-        wait(
+        wait_until(
             lambda: run_check(url, ns, "--instance", "a").returncode == 0,
             ANNOUNCE_EVERY + 5,
             "check passing once the store answers",
+            interval=0.2,
         )
     finally:
         fleet.stop_all()

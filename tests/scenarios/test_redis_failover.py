@@ -22,6 +22,7 @@ import redis
 
 from anarchon_core import Event, Run, Scheduler
 from tests import servers
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.scenario
 
@@ -88,7 +89,7 @@ def test_a_sentinel_failover_mid_run_doubles_no_slot(datadir: Path) -> None:
 
         def failover() -> None:
             watcher.execute_command("SENTINEL", "FAILOVER", "anarchon")
-            servers.wait_until(
+            wait_until(
                 lambda: int(watcher.sentinel_get_master_addr_by_name("anarchon")[1]) == replica,
                 15,
                 "the sentinel to promote the replica",
@@ -112,9 +113,7 @@ def test_a_cluster_failover_mid_run_doubles_no_slot(datadir: Path) -> None:
 
         def failover() -> None:
             replica.execute_command("CLUSTER", "FAILOVER")  # waits for the replica to catch up
-            servers.wait_until(
-                lambda: replica.info("replication")["role"] == "master", 15, "the failover"
-            )
+            wait_until(lambda: replica.info("replication")["role"] == "master", 15, "the failover")
 
         runs, after, events = run_across(url, failover)
         replica.close()

@@ -82,6 +82,7 @@ from anarchon_core.cli import EXIT_CONFIG, EXIT_UNREACHABLE, run_status
 from tests import servers
 from tests.cleanup import drop_namespace
 from tests.conftest import SERVER_STORES
+from tests.waiting import wait_until
 
 if TYPE_CHECKING:
     import redis
@@ -870,7 +871,7 @@ def private_behind_proxy(kind: str, secret: Secret) -> Iterator[tuple[str, Proxy
                 info = admin.execute_command("CLUSTER", "INFO")  # type: ignore[no-untyped-call]
                 return b"cluster_state:ok" in info
 
-            servers.wait_until(formed, 10, "the one-node cluster to form")
+            wait_until(formed, 10, "the one-node cluster to form")
             yield f"redis+cluster://127.0.0.1:{proxy.port}", proxy
         else:
             argv = [binary, "--port", str(port := servers.free_port()), "--bind", "127.0.0.1"]
@@ -1139,7 +1140,7 @@ LEASE = 2.0
 def back_up(capture: Capture, runs: list[float]) -> None:
     """Wait for the store to answer again (``store_recovered``) and a run after that."""
     since = time.monotonic()
-    servers.wait_until(
+    wait_until(
         lambda: capture.recovered() and any(t > since for t in runs),
         20,
         "store_recovered and a run once the store answers again",
@@ -1182,7 +1183,7 @@ def test_store_down_mid_run(
         cron.add_job(lambda: runs.append(time.monotonic()), name="job", every=1, lease=LEASE)
         cron.start()
         stack.callback(lambda: capture.attempt("stop", cron.stop))
-        servers.wait_until(lambda: bool(runs), 15, "a first run")
+        wait_until(lambda: bool(runs), 15, "a first run")
         proxy.fault("down", DOWN)
         time.sleep(0.3)  # the proxy is down by now
         # Calls of the user's own meanwhile, besides the scheduler's (a reused
@@ -1191,7 +1192,7 @@ def test_store_down_mid_run(
             capture.fails("ping while down", cron.store.ping),
             capture.fails("claim while down", lambda: cron.store.claim("probe", SLOT_MS, "i1", 1)),
         ]
-        servers.wait_until(lambda: capture.saw(UNAVAILABLE), DOWN + 10, "store_unavailable")
+        wait_until(lambda: capture.saw(UNAVAILABLE), DOWN + 10, "store_unavailable")
         proxy.restored(DOWN + 10)
         back_up(capture, runs)
         # Silent only once the client reconnected: nats-py leaks the transport

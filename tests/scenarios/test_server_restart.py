@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from tests import servers
-from tests.scenarios.harness import Fleet
+from tests.fleet import Fleet, Line
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.scenario
 
@@ -49,6 +50,11 @@ def owned_server(request: pytest.FixtureRequest) -> Iterator[tuple[str, servers.
         server.stop()
 
 
+def slots(lines: list[Line], since: float = 0.0) -> set[str]:
+    """The slots whose runs started after ``since``."""
+    return {x["slot_id"] for x in lines if x["kind"] == "start" and x["t"] > since}
+
+
 def test_a_server_restart_mid_run_is_survived_without_duplicates(
     tmp_path: Path, owned_server: tuple[str, servers.ServerProcess]
 ) -> None:
@@ -56,13 +62,20 @@ def test_a_server_restart_mid_run_is_survived_without_duplicates(
     fleet = Fleet(tmp_path, url, namespace=f"r{uuid.uuid4().hex[:8]}", every=1, work=0.5, lease=3)
     try:
         fleet.start("a", "b", "c")
-        time.sleep(4)
+        wait_until(fleet.watch(lambda ls: len(slots(ls)) >= 3), 15, "3 slots", seen=fleet.tail)
         server.stop()
         down_at = time.time()
+        # Down past the claim window of every slot claimed before: a Redis server
+        # restarted keeps no data, so such a slot could be claimed again.
         time.sleep(3)
         server.start()
         up_at = time.time()
-        time.sleep(8)
+        wait_until(
+            fleet.watch(lambda ls: len(slots(ls, since=up_at)) >= 3),
+            30,
+            "3 slots started after the restart",
+            seen=fleet.tail,
+        )
         alive = {name: proc.poll() is None for name, proc in fleet.procs.items()}
     finally:
         fleet.stop_all()

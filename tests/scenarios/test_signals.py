@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.waiting import wait_until
+
 #: Processes per test, each stopped by a close pair of signals.
 RUNS = 24
 #: How long a stopped process may take to exit (a hang shows as never).
@@ -38,9 +40,7 @@ def _stop_one(tmp_path: Path, index: int, seed: int) -> str | None:
     argv += ["--every", "1", "--watch", "0.25"]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 60
-        while '"up"' not in report.read_text() and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_until(lambda: '"up"' in report.read_text(), 60, "the instance to be up", interval=0.02)
         time.sleep(rng.uniform(0.05, 0.6))
         proc.send_signal(signal.SIGINT)
         time.sleep(rng.uniform(0.0, 0.003))

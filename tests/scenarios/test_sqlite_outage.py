@@ -9,9 +9,19 @@ from pathlib import Path
 
 import pytest
 
-from tests.scenarios.harness import Fleet, slot_seconds
+from tests.fleet import Fleet, Line, slot_seconds
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.scenario
+
+
+def starts_of(lines: list[Line]) -> list[Line]:
+    return [x for x in lines if x["kind"] == "start"]
+
+
+def reported(lines: list[Line], kind: str) -> set[str]:
+    """The instances that reported ``kind``."""
+    return {x["instance"] for x in lines if x["kind"] == kind}
 
 
 def test_instances_survive_a_locked_store_and_resume_without_duplicates(tmp_path: Path) -> None:
@@ -19,15 +29,26 @@ def test_instances_survive_a_locked_store_and_resume_without_duplicates(tmp_path
     fleet = Fleet(tmp_path, f"sqlite:///{db}?busy_timeout=0.5", every=1, work=0.2, lease=3)
     try:
         fleet.start("a", "b", "c")
-        time.sleep(3)
+        wait_until(fleet.watch(lambda ls: len(starts_of(ls)) >= 2), 10, "2 runs", seen=fleet.tail)
         blocker = sqlite3.connect(db, isolation_level=None)
         blocker.execute("BEGIN EXCLUSIVE")
         locked_at = time.time()
-        time.sleep(6)
+        wait_until(
+            fleet.watch(lambda ls: reported(ls, "store_unavailable") == set("abc")),
+            10,
+            "every instance to find the store unavailable",
+            seen=fleet.tail,
+        )
+        time.sleep(3)  # the 3 s leases of runs going at the lock lapse meanwhile
         blocker.execute("COMMIT")
         blocker.close()
         unlocked_at = time.time()
-        time.sleep(5)
+
+        def resumed(lines: list[Line]) -> bool:
+            late = [x for x in starts_of(lines) if slot_seconds(x["slot_id"]) > unlocked_at + 3]
+            return reported(lines, "store_recovered") == set("abc") and bool(late)
+
+        wait_until(fleet.watch(resumed), 15, "every instance to resume", seen=fleet.tail)
         alive = {name: proc.poll() is None for name, proc in fleet.procs.items()}
     finally:
         fleet.stop_all()

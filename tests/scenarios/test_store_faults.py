@@ -42,6 +42,7 @@ from tests.scenarios.faults import (
     TcpProxy,
     WriteFault,
 )
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.scenario
 
@@ -218,10 +219,11 @@ def refused_writes_scenario(url: str, fault: WriteFault) -> None:
     try:
         for scheduler in schedulers:
             scheduler.start()
-        attempts.wait_for(
-            lambda xs: sum(x.ended is not None for x in xs if x.job == "tick") >= 2,
-            timeout=10,
-            what="two runs of tick before the fault",
+        wait_until(
+            attempts.watch(lambda xs: sum(x.ended is not None for x in xs if x.job == "tick") >= 2),
+            10,
+            "two runs of tick before the fault",
+            seen=attempts.all,
         )
         for event in armed.values():
             event.set()
@@ -243,7 +245,9 @@ def refused_writes_scenario(url: str, fault: WriteFault) -> None:
                     if x.job == job and x.started > allowed_at + 1.5 and x.ended is not None
                 ]
 
-            attempts.wait_for(ran_after, timeout=8, what=f"a run of {job} after the fault")
+            wait_until(
+                attempts.watch(ran_after), 8, f"a run of {job} after the fault", seen=attempts.all
+            )
         alive = {s.instance: s._thread is not None and s._thread.is_alive() for s in schedulers}
         stop_between_runs(schedulers)
         stopped_at = time.monotonic()
@@ -375,8 +379,11 @@ def test_runner_behind_a_silent_link_sees_run_lost_before_the_takeover(
     direct = scheduler(url, "direct")
     try:
         proxied.start()
-        first: Attempt = attempts.wait_for(
-            lambda xs: next(iter(xs), None), timeout=10, what="the proxied instance's run"
+        first: Attempt = wait_until(
+            attempts.watch(lambda xs: next(iter(xs), None)),
+            10,
+            "the proxied instance's run",
+            seen=attempts.all,
         )
         assert (first.instance, first.attempt) == ("proxied", 1)
         direct.start()
@@ -384,10 +391,15 @@ def test_runner_behind_a_silent_link_sees_run_lost_before_the_takeover(
         assert first.lost_at is None
         blackholed_at = time.monotonic()
         proxy.blackhole()
-        second: Attempt = attempts.wait_for(
-            lambda xs: next((x for x in xs if x.slot_id == first.slot_id and x.attempt == 2), None),
-            timeout=3 + 0.5 + 4,
-            what="the backup's attempt 2",
+        second: Attempt = wait_until(
+            attempts.watch(
+                lambda xs: next(
+                    (x for x in xs if x.slot_id == first.slot_id and x.attempt == 2), None
+                )
+            ),
+            3 + 0.5 + 4,
+            "the backup's attempt 2",
+            seen=attempts.all,
         )
         first_lost_at = first.lost_at
     finally:

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from anarchon_core import ClaimStatus, ConfigurationError, RunState, StoreUnavailable, open_store
+from tests.waiting import wait_until
 
 nats_store = pytest.importorskip("anarchon_core.stores.nats")
 NatsStore = nats_store.NatsStore
@@ -261,7 +262,7 @@ def test_a_server_restart_keeps_the_record_and_the_store_recovers() -> None:
                 fresh.state("job")  # never connected: the first connect fails in time
             assert time.monotonic() - started < limit
             server.start()
-            servers.wait_until(lambda: _answers(store), 10, "the store to reconnect")
+            wait_until(lambda: _answers(store), 10, "the store to reconnect")
             assert _answers(fresh)
         finally:
             fresh.close()

@@ -5,14 +5,14 @@ from __future__ import annotations
 import io
 import json
 import logging
-import time
 from collections.abc import Iterator
 
 import pytest
 
-from anarchon_core import Scheduler
+from anarchon_core import Event, Scheduler
 from anarchon_core.logs import LOGGERS, json_logs
 from anarchon_core.stores.memory import MemoryStore
+from tests.waiting import wait_until
 
 
 @pytest.fixture
@@ -27,10 +27,15 @@ def restore_loggers() -> Iterator[None]:
 
 
 def _run_two_slots(instance: str) -> None:
-    scheduler = Scheduler(MemoryStore(namespace="logs"), instance=instance, jitter=0)
+    seen: list[Event] = []
+    scheduler = Scheduler(
+        MemoryStore(namespace="logs"), instance=instance, jitter=0, listener=seen.append
+    )
     scheduler.add_job(lambda run: None, name="tick", every=1)
     scheduler.start()
-    time.sleep(2.6)
+    wait_until(
+        lambda: [e for e in seen if e.kind == "finished"], 10, "a finished run", seen=seen.copy
+    )
     scheduler.stop()
 
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import threading
-import time
 
 from anarchon_core.clock import Workers
+from tests.waiting import wait_until
 
 
 def _burst(workers: Workers, n: int, gate: threading.Event) -> tuple[list[object], list[str]]:
@@ -50,9 +50,12 @@ def test_idle_threads_end_and_a_failing_target_does_not_stop_its_thread() -> Non
     ran = threading.Event()
     workers.spawn(ran.set, "anarchon:after").join(5)
     assert ran.is_set()
-    deadline = time.monotonic() + 5
-    while threading.active_count() > before and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(
+        lambda: threading.active_count() <= before,
+        5,
+        "the idle threads to end",
+        seen=threading.enumerate,
+    )
     assert threading.active_count() == before
     # And after they ended, a new target gets a new thread.
     ran.clear()

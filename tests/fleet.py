@@ -1,15 +1,19 @@
-"""Pods for end-to-end tests: worker or scheduler commands, each in its own process group.
+"""The fleet harness: the processes of one test on one store, their signals, their report.
 
-A pod's processes (a worker and the processes it forks) share a process
-group, so a signal reaches all of them, as a container runtime's would. The
-test apps append JSON lines (``anarchon_core.tools.instance.Reporter``) to one
-report file that the tests read.
+Every end-to-end and scenario test drives its instances through :class:`Fleet`:
+scheduler instances (``anarchon_core.tools.instance``), Celery workers and
+beats, Dramatiq workers and schedulers. Each process runs in its own process
+group, so a signal reaches it and whatever it forked, as a container
+runtime's would (a pod). Every process appends JSON lines
+(``anarchon_core.tools.instance.Reporter``) to one report file that the test
+reads; tests wait on it with ``wait_until(fleet.watch(predicate), ...)``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import signal
@@ -18,46 +22,67 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
+
+from tests.waiting import wait_until
 
 Line = dict[str, Any]
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
+T = TypeVar("T")
 
 
-class Pods:
-    """The pods of one test, configured through ``E2E_*`` environment variables."""
+class Fleet:
+    """The processes of one test, sharing one store (``store``) and one report.
 
-    prefix = "p"
+    ``job`` holds the options of :meth:`start`'s scheduler instances
+    (``anarchon_core.tools.instance`` flags); ``env`` is added to every
+    process's environment (the integrations' apps read their ``E2E_*``
+    settings there). Fleets of one test may share ``tmp_path``: they then
+    share the report, as instances of one service share a store.
+    """
+
+    prefix = "f"
+    #: Exit statuses that a wait takes in stride (a clean exit, SIGKILL,
+    #: SIGTERM); any other exit of a process fails the wait at once. ``None``:
+    #: exits are not checked (workers that the test stops in other ways).
+    expected_exits: tuple[int, ...] | None = (0, -signal.SIGKILL, -signal.SIGTERM)
 
     def __init__(
         self,
         tmp_path: Path,
-        broker: str,
-        schedule: dict[str, Any],
-        *,
         store: str = "",
-        lease: float = 3,
+        *,
+        namespace: str | None = None,
+        env: Mapping[str, str] | None = None,
+        **job: Any,
     ) -> None:
         self.tmp_path = tmp_path
+        self.store = store
+        self.namespace = namespace or f"{self.prefix}{uuid.uuid4().hex[:10]}"
         self.report = tmp_path / "report.jsonl"
         self.report.touch()
-        self.namespace = f"{self.prefix}{uuid.uuid4().hex[:10]}"
-        self.env = {
-            **os.environ,
-            "PYTHONPATH": str(ROOT),
-            "E2E_BROKER": broker,
-            "E2E_STORE": store,
-            "E2E_NAMESPACE": self.namespace,
-            "E2E_LEASE": str(lease),
-            "E2E_SCHEDULE": json.dumps(schedule),
-            "E2E_REPORT": str(self.report),
-        }
+        self.job = job
+        self.env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
-    def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
+    def app_settings(self, broker: str, schedule: dict[str, Any], lease: float) -> None:
+        """The ``E2E_*`` settings the Celery and Dramatiq test apps read (tests/*/e2e_app.py)."""
+        self.env.update(
+            E2E_BROKER=broker,
+            E2E_STORE=self.store,
+            E2E_NAMESPACE=self.namespace,
+            E2E_LEASE=str(lease),
+            E2E_SCHEDULE=json.dumps(schedule),
+            E2E_REPORT=str(self.report),
+        )
+
+    # -- starting and signalling --------------------------------------------------
+
+    def spawn(self, name: str, argv: list[str], env: Mapping[str, str] | None = None) -> None:
+        """Start ``argv`` as the pod ``name``, its output in ``<name>.log``."""
         with open(self.tmp_path / f"{name}.log", "ab") as log:
             self.procs[name] = subprocess.Popen(
                 argv,
@@ -68,8 +93,32 @@ class Pods:
                 start_new_session=True,
             )
 
+    def start(self, *names: str, wait: bool = True, **overrides: Any) -> None:
+        """Start scheduler instances ``names`` on the store; ``wait``: until each is up."""
+        for name in names:
+            argv = [sys.executable, "-m", "anarchon_core.tools.instance"]
+            argv += ["--store", self.store, "--namespace", self.namespace]
+            argv += ["--name", name, "--report", str(self.report)]
+            for key, value in {**self.job, **overrides}.items():
+                if value is None:
+                    continue
+                argv += [f"--{key.replace('_', '-')}", str(value)]
+            self.spawn(name, argv)
+        if wait:
+            for name in names:
+                wait_until(
+                    self.watch(
+                        lambda ls, n=name: any(
+                            line["kind"] == "up" and line["instance"] == n for line in ls
+                        )
+                    ),
+                    20,
+                    f"{name} to start",
+                    seen=self.tail,
+                )
+
     def signal(self, name: str, sig: signal.Signals) -> float:
-        """Signal the whole pod (process group)."""
+        """Signal the whole pod (process group); returns when."""
         os.killpg(self.procs[name].pid, sig)
         return time.time()
 
@@ -79,6 +128,7 @@ class Pods:
         return at
 
     def stop(self, name: str, timeout: float = 30) -> None:
+        """SIGTERM, and SIGKILL if the pod is still there after ``timeout`` seconds."""
         self.signal(name, signal.SIGTERM)
         proc = self.procs.pop(name)
         try:
@@ -93,29 +143,60 @@ class Pods:
                 os.killpg(self.procs[name].pid, signal.SIGKILL)
             self.procs.pop(name).wait(10)
 
+    # -- reading what they did ----------------------------------------------------
+
     def lines(self) -> list[Line]:
         with open(self.report, encoding="utf-8") as handle:
             return [json.loads(line) for line in handle if line.strip()]
 
-    def starts(self, job: str | None = None) -> list[Line]:
+    def watch(self, predicate: Callable[[list[Line]], T]) -> Callable[[], T]:
+        """A condition for ``wait_until``: ``predicate`` of the report so far.
+
+        While it does not hold, a process that exited unexpectedly (see
+        :attr:`expected_exits`) ends the wait at once.
+        """
+
+        def check() -> T:
+            found = predicate(self.lines())
+            if not found and self.expected_exits is not None:
+                for name, proc in self.procs.items():
+                    code = proc.poll()
+                    if code is not None and code not in self.expected_exits:
+                        raise AssertionError(f"{name} exited with {code}; {self.tail()}")
+            return found
+
+        return check
+
+    def starts(self, job: str | None = None, *, slot_id: str | None = None) -> list[Line]:
+        """The runs started, of ``job`` or of one slot if given."""
         return [
-            x for x in self.lines() if x["kind"] == "start" and (job is None or x["job"] == job)
+            x
+            for x in self.lines()
+            if x["kind"] == "start"
+            and (job is None or x["job"] == job)
+            and (slot_id is None or x["slot_id"] == slot_id)
         ]
 
-    def wait_for(self, predicate: Callable[[list[Line]], Any], timeout: float, what: str) -> Any:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            found = predicate(self.lines())
-            if found:
-                return found
-            time.sleep(0.1)
-        raise AssertionError(f"timed out waiting for {what}; logs: {self.logs()}")
+    def first_start(self, timeout: float = 75) -> Line:
+        """The first run; if slow starts missed the first slot, the next one (up to 60 s on)."""
+        found: list[Line] = wait_until(
+            self.watch(lambda ls: [line for line in ls if line["kind"] == "start"]),
+            timeout,
+            "a first run",
+            seen=self.tail,
+        )
+        return found[0]
+
+    def tail(self) -> str:
+        """The report's last lines and the end of every log: what a failed wait shows."""
+        lines = "\n".join(json.dumps(x) for x in self.lines()[-10:])
+        return f"report: {lines}\nlogs: {self.logs()}"
 
     def logs(self) -> dict[str, str]:
-        return {p.name: p.read_text()[-2000:] for p in self.tmp_path.glob("*.log")}
+        return {p.name: p.read_text(errors="replace")[-2000:] for p in self.tmp_path.glob("*.log")}
 
     def log(self, name: str) -> str:
-        return (self.tmp_path / f"{name}.log").read_text()
+        return (self.tmp_path / f"{name}.log").read_text(errors="replace")
 
     def mentions(self, *needles: str) -> list[str]:
         """The lines of every pod's log that hold one of ``needles``, each after its pod's name."""
@@ -132,6 +213,19 @@ class Pods:
         return next(name for name, proc in self.procs.items() if proc.pid == group)
 
 
+def anchor_soon(delay: float = 2.0) -> int:
+    """A whole-second grid anchor ``delay`` seconds or a bit more from now."""
+    return math.ceil(time.time() + delay)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def per_slot(lines: list[Line]) -> Counter[str]:
     return Counter(x["slot_id"] for x in lines)
 
@@ -140,24 +234,24 @@ def slot_seconds(slot_id: str) -> float:
     return int(slot_id.rsplit("@", 1)[1]) / 1000
 
 
-P = TypeVar("P", bound=Pods)
+F = TypeVar("F", bound=Fleet)
 
 
-def fleets(cls: type[P], tmp_path: Path) -> Iterator[Callable[..., P]]:
-    """A fixture body: makes pods of ``cls`` for a test and kills them all afterwards."""
-    made: list[P] = []
+def fleets(cls: type[F], tmp_path: Path) -> Iterator[Callable[..., F]]:
+    """A fixture body: makes fleets of ``cls`` for a test and kills them all afterwards."""
+    made: list[F] = []
 
-    def make(broker: str, schedule: dict[str, Any], **options: Any) -> P:
-        pods = cls(tmp_path, broker, schedule, **options)
-        made.append(pods)
-        return pods
+    def make(*args: Any, **options: Any) -> F:
+        fleet = cls(tmp_path, *args, **options)
+        made.append(fleet)
+        return fleet
 
     yield make
-    for pods in made:
-        pods.stop_all()
+    for fleet in made:
+        fleet.stop_all()
 
 
-def assert_each_second_once(starts: list[Line], last: float, pods: Pods | None = None) -> None:
+def assert_each_second_once(starts: list[Line], last: float, pods: Fleet | None = None) -> None:
     """From the first slot run (the fleet is up) to ``last``: every second once.
 
     A failure names the slots missed or run twice, with what ``pods`` logged
@@ -193,7 +287,7 @@ def later(lines: list[Line], since: float) -> list[Line]:
 
 
 def pause_resume_and_run_now(
-    pods: Pods, verb: Command, job: str, runs: Callable[[], list[Line]]
+    pods: Fleet, verb: Command, job: str, runs: Callable[[], list[Line]]
 ) -> str:
     """The runtime-control steps a Celery or Dramatiq fleet goes through alike.
 
@@ -219,7 +313,12 @@ def pause_resume_and_run_now(
     resumed_at = time.time()
     assert done.returncode == 0, shown(done)
     assert done.stdout == f"resumed job {job!r}\n", shown(done)
-    resumed = pods.wait_for(lambda ls: later(runs(), resumed_at), 15, "a slot after the resume")
+    resumed = wait_until(
+        pods.watch(lambda ls: later(runs(), resumed_at)),
+        15,
+        "a slot after the resume",
+        seen=pods.tail,
+    )
     back = slot_seconds(resumed[0]["slot_id"])
     assert back <= resumed_at + FOLLOW, resumed[0]
     in_pause = [
@@ -236,8 +335,18 @@ def pause_resume_and_run_now(
     slot_id = match.group(1)
     manual_at = slot_seconds(slot_id)
     assert slot_id.startswith(f"{job}@") and asking < manual_at < asked + 3, slot_id
-    pods.wait_for(lambda ls: [x for x in runs() if x["slot_id"] == slot_id], 15, slot_id)
-    pods.wait_for(lambda ls: len(per_slot(later(runs(), manual_at + 1))) >= 3, 15, "slots after it")
+    wait_until(
+        pods.watch(lambda ls: [x for x in runs() if x["slot_id"] == slot_id]),
+        15,
+        slot_id,
+        seen=pods.tail,
+    )
+    wait_until(
+        pods.watch(lambda ls: len(per_slot(later(runs(), manual_at + 1))) >= 3),
+        15,
+        "slots after it",
+        seen=pods.tail,
+    )
     time.sleep(1)
     resumed_runs = [x for x in later(runs(), resumed_at) if x["slot_id"] != slot_id]
     every_second = {int(slot_seconds(x["slot_id"])) for x in resumed_runs}
@@ -264,21 +373,23 @@ def scraped(port: int) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
     }
 
 
-def metrics_and_probes_served(pods: Pods, port: int, job: str) -> None:
+def metrics_and_probes_served(pods: Fleet, port: int, job: str) -> None:
     """The pods' scheduler serves, on ``port``: /healthz and /readyz 200, and /metrics
     whose won and dispatched counters of ``job`` match the runs its workers started."""
     import urllib.request
 
     labels = frozenset({"namespace": pods.namespace, "job": job}.items())
 
-    def counted() -> dict[tuple[str, frozenset[tuple[str, str]]], float] | None:
+    def counted() -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
         try:
             samples = scraped(port)
         except OSError:  # not served yet: the scheduler starts after the workers boot
-            return None
-        return samples if samples.get(("anarchon_slots_dispatched_total", labels), 0) >= 3 else None
+            return {}
+        return samples if samples.get(("anarchon_slots_dispatched_total", labels), 0) >= 3 else {}
 
-    samples = pods.wait_for(lambda ls: counted(), 60, f"3 slots of {job} counted on :{port}")
+    samples = wait_until(
+        pods.watch(lambda ls: counted()), 60, f"3 slots of {job} counted on :{port}", seen=pods.tail
+    )
     runs = len(per_slot(pods.starts(job)))
     won = samples[("anarchon_slots_won_total", labels)]
     assert 3 <= won <= runs + 2, (won, runs)

@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import TypeVar
 
 from tests import servers
-from tests.pods import Line, Pods, per_slot, slot_seconds
+from tests.fleet import Fleet, Line, per_slot, slot_seconds
+from tests.waiting import wait_until
 
-F = TypeVar("F", bound=Pods)
+F = TypeVar("F", bound=Fleet)
 
 #: The entry's interval, and so its default catch-up window (seconds).
 EVERY = 10
@@ -80,14 +81,14 @@ class Outage:
         assert run["t"] > self.slot + UP_AFTER - 0.5, "the slot ran while the broker was down"
 
 
-def across_a_slot(pods: Pods, broker: servers.ServerProcess, job: str) -> Outage:
+def across_a_slot(pods: Fleet, broker: servers.ServerProcess, job: str) -> Outage:
     """Stop ``broker`` just before a slot of ``job``, start it again inside its window.
 
     The fleet is up once ``job`` ran a first slot. Returns once the
     :data:`SLOTS_AFTER` slots after the outage's ran (and a second run of any
     slot would have shown), with every pod stopped.
     """
-    runs = pods.wait_for(lambda ls: pods.starts(job), 60, "a first slot")
+    runs = wait_until(pods.watch(lambda ls: pods.starts(job)), 60, "a first slot", seen=pods.tail)
     first = min(slot_seconds(x["slot_id"]) for x in runs)
     ahead = math.ceil((time.time() + DOWN_BEFORE + 0.5 - first) / EVERY)
     slot = first + max(1, ahead) * EVERY
@@ -96,10 +97,11 @@ def across_a_slot(pods: Pods, broker: servers.ServerProcess, job: str) -> Outage
     time.sleep(max(0.0, slot + UP_AFTER - time.time()))
     broker.start()  # on the same port, empty
     last = slot + SLOTS_AFTER * EVERY
-    pods.wait_for(
-        lambda ls: [x for x in pods.starts(job) if slot_seconds(x["slot_id"]) >= last],
+    wait_until(
+        pods.watch(lambda ls: [x for x in pods.starts(job) if slot_seconds(x["slot_id"]) >= last]),
         EVERY + 20,
         f"the slot at {last}",
+        seen=pods.tail,
     )
     time.sleep(2)
     pods.stop_all()

@@ -1,0 +1,91 @@
+"""Rules the suite keeps about itself, so that it stays fast and its waits explain themselves."""
+
+from __future__ import annotations
+
+import ast
+import operator
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+TESTS = Path(__file__).parent
+#: The most that literal sleeps of a second or more may add up to, across the suite.
+SLEEP_BUDGET = 60.0
+
+_OPERATORS: dict[type[ast.operator], Callable[[float, float], float]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+}
+
+
+def _constants(tree: ast.Module) -> dict[str, float]:
+    """The module's top-level numeric constants (``LEASE = 3``), by name."""
+    found: dict[str, float] = {}
+    for node in tree.body:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            value = _value(node.value, found)
+            for target in targets:
+                if isinstance(target, ast.Name) and value is not None:
+                    found[target.id] = value
+    return found
+
+
+def _value(node: ast.expr, names: dict[str, float]) -> float | None:
+    """The number a constant expression stands for, else ``None`` (it depends on run time)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
+        return float(node.value)
+    if isinstance(node, ast.Name):
+        return names.get(node.id)
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
+        left, right = _value(node.left, names), _value(node.right, names)
+        if left is None or right is None:
+            return None
+        return _OPERATORS[type(node.op)](left, right)
+    return None
+
+
+def literal_sleeps(path: Path) -> Iterator[tuple[int, float]]:
+    """``(line, seconds)`` of each ``time.sleep(N)`` or ``sleep(N)`` with a constant N >= 1."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    names = _constants(tree)
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or len(node.args) != 1:
+            continue
+        func = node.func
+        called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+        if called != "sleep" or (
+            isinstance(func, ast.Attribute)
+            and not (isinstance(func.value, ast.Name) and func.value.id == "time")
+        ):
+            continue
+        seconds = _value(node.args[0], names)
+        if seconds is not None and seconds >= 1:
+            yield node.lineno, seconds
+
+
+def test_literal_sleeps_of_a_second_or_more_stay_under_the_budget() -> None:
+    """Tests wait on conditions (tests/waiting.py); a fixed sleep only where the assertion
+    is that nothing happens for a while, and then as short as that allows."""
+    sleeps = [
+        (f"{path.relative_to(TESTS)}:{line}", seconds)
+        for path in sorted(TESTS.rglob("*.py"))
+        for line, seconds in literal_sleeps(path)
+    ]
+    total = sum(seconds for _, seconds in sleeps)
+    assert total < SLEEP_BUDGET, sorted(sleeps, key=lambda s: -s[1])
+
+
+def test_the_rule_counts_what_it_should() -> None:
+    source = (
+        "import time\nLEASE = 3\nfrom time import sleep\n"
+        "time.sleep(2)\ntime.sleep(LEASE * 2)\nsleep(1.5)\n"
+        "time.sleep(0.5)\ntime.sleep(max(0.0, 1 - time.time()))\nclock.sleep(9)\n"
+    )
+    path = TESTS / "__rule_sample__.py"
+    try:
+        path.write_text(source, encoding="utf-8")
+        assert list(literal_sleeps(path)) == [(4, 2.0), (5, 6.0), (6, 1.5)]
+    finally:
+        path.unlink()
