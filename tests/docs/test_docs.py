@@ -22,6 +22,7 @@ import dataclasses
 import importlib
 import inspect
 import logging
+import pkgutil
 import re
 import shlex
 import subprocess
@@ -773,15 +774,18 @@ def _module_tree() -> str:
 def test_the_architecture_page_lists_every_module() -> None:
     """Each package and module of the code is in the tree, and nothing else is."""
     listed: set[str] = set()
-    folder = ""
+    folder = sub = ""
     for line in _module_tree().splitlines():
         words = line.split()
         if not words:
             continue
         if not line.startswith(" "):
-            folder = words[0].rstrip("/")
+            folder, sub = words[0].rstrip("/"), ""
             listed.add(folder)
             continue
+        nested = line.startswith("    ")  # a module of the sub-package named above it
+        if not nested:
+            sub = words[0].rstrip("/") + "/" if words[0].endswith("/") else ""
         for word in words:
             name = word.rstrip(",")
             if name.endswith("/"):
@@ -789,8 +793,7 @@ def test_the_architecture_page_lists_every_module() -> None:
             elif name == "__init__.py":
                 continue
             elif name.endswith(".py"):
-                sub = "stores/" if line.startswith("    ") and folder == "anarchon_core" else ""
-                listed.add(f"{folder}/{sub}{name}")
+                listed.add(f"{folder}/{sub if nested else ''}{name}")
             else:
                 break  # the description
     present = set(PACKAGES)
@@ -812,7 +815,10 @@ def test_the_architecture_page_names_real_code() -> None:
     names = set(re.findall(r"`((?:[A-Za-z_]+\.)+[A-Za-z_]+)`", table))
     names |= set(re.findall(r"`([A-Z][A-Za-z]+\.[a-z_]+)`", text))
     assert names
-    homes = ["anarchon_core", "anarchon_core.stores.redis", "anarchon_celery", "anarchon_dramatiq"]
+    engine = importlib.import_module("anarchon_core.engine")
+    parts = [f"anarchon_core.engine.{m.name}" for m in pkgutil.iter_modules(engine.__path__)]
+    homes = ["anarchon_core", *parts, "anarchon_core.stores.redis"]
+    homes += ["anarchon_celery", "anarchon_dramatiq"]
     for name in sorted(names):
         if name.endswith(".py") or "/" in name:
             continue
