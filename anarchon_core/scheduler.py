@@ -130,13 +130,19 @@ class Scheduler:
         )
         self.store, owns_store = _store_of(store, namespace)
         self.namespace = self.store.namespace
-        self.instance = check_name(instance or default_instance(), "instance name")
+        self._instance = check_name(instance or default_instance(), "instance name")
         self._emit = Emitter(instance=self.instance, namespace=self.namespace, logger=log)
         if listener:
             self._emit.add_listener(listener)
         #: Read by metrics.py until it reads :attr:`clock`.
         self._clock: Clock = clock or SystemClock()
         self._wire(inline, seed, resolve, owns_store)
+
+    @property
+    def instance(self) -> str:
+        """This instance's name, fixed at construction: its claims, events and registry
+        record all carry it."""
+        return self._instance
 
     def _wire(self, inline: bool, seed: int | None, resolve: Resolve | None, owns: bool) -> None:
         """Build the engine's parts and connect them."""

@@ -17,6 +17,7 @@ import contextlib
 import itertools
 import os
 import signal
+import socket
 import subprocess
 import textwrap
 import threading
@@ -118,14 +119,23 @@ def every_second(**extra: Any) -> dict[str, Any]:
 
 
 def test_apply_entry_runs_once_per_slot_and_only_on_the_beat_that_won_it(
-    tmp_path: Path, closing: list[Scheduler], caplog: pytest.LogCaptureFixture
+    tmp_path: Path,
+    closing: list[Scheduler],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     caplog.set_level("INFO", logger="celery.beat")
     app = make_app(tmp_path, every_second(args=(1,), options={"queue": "q"}))
-    first, second = Recording(app), Recording(app)
+    # Two beats of one process: named apart as beats on two hosts would be.
+    monkeypatch.setattr(socket, "gethostname", lambda: "beat-1")
+    first = Recording(app)
+    monkeypatch.setattr(socket, "gethostname", lambda: "beat-2")
+    second = Recording(app)
     closing += [first, second]
     assert first.engine is not None and second.engine is not None
-    first.engine.instance, second.engine.instance = "beat-1", "beat-2"
+    assert {first.engine.instance, second.engine.instance} == {
+        f"beat-{n}:{os.getpid()}:beat" for n in (1, 2)
+    }
 
     def slots() -> set[str]:
         return {e.options["task_id"] for _, e in first.applied + second.applied}
