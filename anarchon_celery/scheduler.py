@@ -17,7 +17,7 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -60,6 +60,27 @@ def _sent_cause(exc: BaseException) -> BaseException:
     if isinstance(exc, SchedulingError):
         inner = exc.__cause__ or exc.__context__
     return inner if inner is not None else exc
+
+
+#: How many entry names the startup line lists at most.
+NAMED_ENTRIES = 8
+
+
+def describe_entries(names: Iterable[str]) -> str:
+    """The entries beat schedules, as its startup line says them: the user's, then Celery's.
+
+    Celery adds entries of its own (``celery.backend_cleanup``): counted
+    apart, so that "3 entries" never stands for a user's two.
+    """
+    own = sorted(n for n in names if n.startswith("celery."))
+    users = sorted(n for n in names if not n.startswith("celery."))
+    shown = ", ".join(users[:NAMED_ENTRIES]) + (", ..." if len(users) > NAMED_ENTRIES else "")
+    said = f"{len(users)} {'entry' if len(users) == 1 else 'entries'}"
+    if users:
+        said += f" ({shown})"
+    if own:
+        said += f" and Celery's own {', '.join(own)}"
+    return said
 
 
 class _Sending:
@@ -167,8 +188,8 @@ class Scheduler(celery_beat.Scheduler):  # type: ignore[misc]
             self._probes = serve_beside(engine, settings.metrics_port, settings.metrics_host)
         self._steps.install_signal_handlers()
         log.info(
-            "anarchon: %d entries, store %s, namespace %s, execution tracking %s",
-            len(entries.jobs),
+            "anarchon: %s, store %s, namespace %s, execution tracking %s",
+            describe_entries(entries.jobs),
             redact(store_url(self.app)),
             engine.namespace,
             "when every worker has it" if self.workers else "off",

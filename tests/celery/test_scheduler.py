@@ -122,9 +122,44 @@ def test_crontab_fields_given_as_lists_and_sets() -> None:
     assert entry.cron == "0,30 20,8 * * *"
 
 
-def test_crontab_with_both_day_fields_is_refused() -> None:
-    with pytest.raises(ConfigurationError, match="both day_of_month and day_of_week"):
+def test_crontab_with_both_day_fields_is_refused_with_advice_that_keeps_its_meaning() -> None:
+    with pytest.raises(ConfigurationError, match="both day_of_month and day_of_week") as info:
         read_entry("e", {"task": "t", "schedule": crontab(day_of_month=1, day_of_week=1)}, "UTC")
+    said = str(info.value)
+    # Celery means the days that match both: two entries would run on either.
+    assert "split it in two" not in said
+    assert "match both" in said and "let the task return unless" in said
+
+
+def test_a_relative_interval_is_refused_with_the_reason() -> None:
+    raw = {"task": "t", "schedule": schedule(timedelta(minutes=15), relative=True)}
+    with pytest.raises(ConfigurationError, match=r"relative=True\) is not supported") as info:
+        read_entry("e", raw, "UTC")
+    assert "remove relative=True" in str(info.value)
+    plain = read_entry("e", {"task": "t", "schedule": schedule(timedelta(minutes=15))}, "UTC")
+    assert plain.every == 900.0
+
+
+def test_the_startup_line_counts_the_users_entries_apart_from_celerys(
+    caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    app = make_app(
+        anarchon_store=f"sqlite:///{tmp_path / 's.db'}",
+        beat_schedule={
+            "digest": {"task": "t", "schedule": 60},
+            "report": {"task": "t", "schedule": crontab(minute=0)},
+        },
+    )
+    caplog.set_level("INFO", logger="anarchon_celery.scheduler")
+    scheduler = Scheduler(app)
+    try:
+        assert "celery.backend_cleanup" in scheduler.schedule  # Celery's own, as stock beat
+        assert (
+            "anarchon: 2 entries (digest, report) and Celery's own celery.backend_cleanup, store"
+            in caplog.text
+        )
+    finally:
+        scheduler.close()
 
 
 @pytest.mark.parametrize("signal", ["worker_shutdown", "worker_process_shutdown"])

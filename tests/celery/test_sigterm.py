@@ -32,6 +32,7 @@ import faulthandler
 import math
 import os
 import random
+import re
 import signal
 import subprocess
 import threading
@@ -47,6 +48,9 @@ import pytest
 from anarchon_core import RunState, open_store
 from tests.cleanup import drop_namespace
 from tests.pods import BIN, ROOT
+
+#: Beat's startup line: its entries are scheduled.
+STARTED = re.compile(r"anarchon: \d+ entr.*, store ")
 
 pytestmark = pytest.mark.scenario
 
@@ -293,7 +297,7 @@ class Lane:
         # Just after a slot boundary: the step that claims, sends and finishes every
         # entry's slot (the entries are claimed without jitter).
         ready = _wait_for(
-            lambda: " entries, store " in log.read_text(errors="replace"), READY_LIMIT
+            lambda: STARTED.search(log.read_text(errors="replace")) is not None, READY_LIMIT
         )
         self.rounds.wait()
         if not ready:
