@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import io
+import json
 import os
 import queue
 import random
@@ -20,7 +22,7 @@ import pytest
 from anarchon_core import RunState
 from anarchon_core.cli import main
 from anarchon_core.stores.sqlite import SQLiteStore
-from anarchon_core.tools.demo import STOP_GRACE
+from anarchon_core.tools.demo import STOP_GRACE, Demo
 
 SLOT = 1_700_000_000_000
 
@@ -47,6 +49,31 @@ def test_demo_shows_a_takeover_and_a_hand_over_and_no_duplicate() -> None:
     assert duplicates == 0
     assert takeovers >= 2
     assert handovers >= 1
+    overlaps = re.search(r"overlap skips: (\d+)", out)
+    assert overlaps, out
+    assert len(re.findall(r" overlap skip \(", out)) == int(overlaps.group(1)), out
+
+
+def test_the_demo_prints_a_line_for_each_overlap_skip_it_counts(tmp_path: Path) -> None:
+    out = io.StringIO()
+    demo = Demo(instances=2, interval=2, duration=1, out=out, folder=tmp_path)
+    lines = [
+        {"kind": "start", "instance": "i1", "slot_id": "tick@1796005388000", "attempt": 1},
+        {
+            "kind": "overlap",
+            "instance": "i2",
+            "slot_id": "tick@1796005390000",
+            "attempt": None,
+            "detail": "tick@1796005388000 still holds its lease",
+        },
+    ]
+    demo.report.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    demo.poll()
+    assert demo.tally.overlaps == 1
+    said = [line for line in out.getvalue().splitlines() if "overlap skip" in line]
+    assert said == [
+        "  02:23:10     i2        -        overlap skip (tick@1796005388000 still holds its lease)"
+    ]
 
 
 def test_status_shows_jobs_and_leases(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
