@@ -59,9 +59,10 @@
         mark.textContent = "×" + item.slots;
         mark.title = item.slots + " slot(s) did not run (missed, overlapped or paused)";
       } else {
-        mark.className = item.state + (item.takeover ? " takeover" : "");
-        mark.textContent = item.takeover ? "#" + item.attempt : "•";
-        mark.title = when(item.slot) + " · " + item.owner + " · attempt " + item.attempt + " · " + item.state;
+        mark.className = item.state + (item.takeover ? " takeover" : "") + (item.manual ? " manual" : "");
+        mark.textContent = item.takeover ? "#" + item.attempt : (item.manual ? "▸" : "•");
+        mark.title = when(item.slot) + " · " + item.owner + " · attempt " + item.attempt + " · " +
+          item.state + (item.manual ? " · run now" : "");
       }
       box.appendChild(mark);
     }
