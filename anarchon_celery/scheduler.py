@@ -30,7 +30,7 @@ from anarchon_core import AnarchonError, ConfigurationError, Run
 from anarchon_core import Scheduler as Engine
 from anarchon_core.control import Definition
 from anarchon_core.handoff import DEFAULT_PICKUP, HandOff, dispatch
-from anarchon_core.probes import ProbeServer, serve_beside
+from anarchon_core.probes import OutageLog, ProbeServer, serve_beside
 from anarchon_core.scheduler import MAX_SLEEP
 from anarchon_core.urls import redact
 
@@ -114,6 +114,8 @@ class Scheduler(celery_beat.Scheduler):  # type: ignore[misc]
         self.workers: WorkerCheck | None = None
         #: The metrics and probes endpoint (``anarchon_metrics_port``), if served.
         self._probes: ProbeServer | None = None
+        #: Says, every minute while it lasts, that the store does not answer.
+        self._outage: OutageLog | None = None
         self.settings: BeatSettings | None = None
         self._entries: EntryJobs | None = None
         self._lock = threading.RLock()
@@ -182,6 +184,7 @@ class Scheduler(celery_beat.Scheduler):  # type: ignore[misc]
         self.install_default_entries(self.schedule)
         entries = self._start_engine(settings)
         engine = entries.engine
+        self._outage = OutageLog(engine, store_url(self.app))
         if settings.tracking and engine.store.supports_lease:
             self.workers = WorkerCheck(self.app).start()
         if settings.metrics_port is not None:
@@ -245,6 +248,8 @@ class Scheduler(celery_beat.Scheduler):  # type: ignore[misc]
                     delay = engine.run_pending()
                 except Exception:  # beat must keep ticking; the engine logs store trouble
                     log.exception("anarchon: scheduling step failed")
+                if self._outage is not None:
+                    self._outage.check()
         return max(0.0, min(delay, float(self.max_interval)))
 
     def close(self) -> None:
@@ -271,6 +276,7 @@ class Scheduler(celery_beat.Scheduler):  # type: ignore[misc]
             probes.close()
         engine, self.engine = self.engine, None
         workers, self.workers = self.workers, None
+        self._outage = None
         self._entries = None
         # The hand-over first: it is what a backup waits for; the worker check
         # may be in the middle of a broadcast, which it finishes before stopping.

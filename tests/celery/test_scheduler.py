@@ -14,6 +14,7 @@ from anarchon_celery.schedules import read_entry
 from anarchon_celery.settings import namespace_of, store_url
 from anarchon_celery.tracking import task_id
 from anarchon_core import ConfigurationError
+from tests.servers import free_port
 
 
 def make_app(**conf: object) -> Celery:
@@ -184,3 +185,29 @@ def test_a_worker_shutting_down_closes_the_stores_its_tasks_opened(
     handoff.store_for("sqlite:///tasks.db", "billing")
     getattr(signals, signal).send(sender=None)
     assert closed == ["billing"]
+
+
+def test_a_store_that_cannot_be_reached_at_start_is_waited_out_and_said_at_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A wrong port: beat does not stop (a store may come up after the pods), and
+    # says at ERROR, with the URL redacted, that nothing is sent meanwhile.
+    port = free_port()
+    app = make_app(
+        anarchon_store=f"redis://:hunter2@127.0.0.1:{port}/0?socket_connect_timeout=1",
+        anarchon_tracking=False,
+        beat_schedule={"e": {"task": "t", "schedule": 1}},
+    )
+    scheduler = Scheduler(app)
+    try:
+        scheduler.tick()
+        errors = [r for r in caplog.records if r.levelname == "ERROR"]
+        assert [r.name for r in errors] == ["anarchon_core.probes"], caplog.text
+        said = errors[0].getMessage()
+        assert f"the store redis://:***@127.0.0.1:{port}/0" in said
+        assert "has not answered for 0s, since this scheduler started" in said
+        assert "no slot is claimed or sent until it does" in said
+        assert "hunter2" not in caplog.text
+        assert scheduler.engine is not None and scheduler.engine.health().live
+    finally:
+        scheduler.close()
