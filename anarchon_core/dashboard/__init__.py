@@ -5,7 +5,9 @@ every second and draws it with DOM text nodes only: every name and value
 that comes from the store is shown as text, never as markup. It shows each
 job's last slot, owner, attempt, state, lease left, last success, pause
 flag and next slot; a timeline of its recent slots (who ran each, takeovers,
-slots that did not run); and the live instances with the runs they hold.
+runs on request, slots that did not run); the live instances with the runs
+they hold; and, if the workers counted any, the jobs that a scheduler that
+is not anarchon's also sent (a stock beat left running).
 
 Read-only unless built with an ``action_token``: then ``api/pause``,
 ``api/resume`` and ``api/trigger`` accept a POST carrying the token in the
@@ -24,12 +26,14 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from collections.abc import Set as AbstractSet
+from dataclasses import asdict
 from datetime import datetime, timezone
 from importlib import resources
 from typing import Any
 
 from ..control import MANUAL, Control, JobPaused, UnknownJob
 from ..errors import ConfigurationError
+from ..handoff import stray_sends
 from ..store import HELD_STATES, RunRecord, Store, holders
 from ..urls import scrub, secrets_in
 
@@ -207,6 +211,7 @@ class Dashboard:
             "registry": self.store.keeps_registry,
             "jobs": shown_jobs,
             "more_jobs": total - len(jobs),
+            "strays": [asdict(sent) for sent in stray_sends(self.store)],
             "instances": [
                 {
                     "name": r.instance,

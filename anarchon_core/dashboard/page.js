@@ -100,6 +100,10 @@
       rows.push(tr);
     }
     jobs.replaceChildren(...rows);
+    const strays = state.strays || [];
+    $("strays").hidden = !strays.length;
+    $("strays").textContent = "Also sent by a scheduler that is not anarchon's (a stock beat still running?): " +
+      strays.map((s) => s.job + " ×" + s.count + " (last " + when(s.last_at) + (s.sender ? " from " + s.sender : "") + ")").join("; ");
     $("more").hidden = !state.more_jobs;
     $("more").textContent = state.more_jobs + " more job(s) not shown.";
     const instances = $("instances").tBodies[0];
