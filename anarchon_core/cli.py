@@ -54,6 +54,14 @@ def status(store: Store, out: TextIO) -> int:
     if not names:
         if store.supports_lease:
             print(f"no jobs recorded in namespace {store.namespace!r}", file=out)
+            if store.namespace == "default":
+                # The usual reason: the jobs live in the namespace an integration chose.
+                print(
+                    "  the jobs may be in another namespace: --namespace NS (Celery's is the"
+                    " app's name unless anarchon_namespace is set; Dramatiq's the middleware's"
+                    " namespace; a Scheduler's its namespace=)",
+                    file=out,
+                )
         else:
             print(f"{type(store).__name__} records no jobs (it only takes claims)", file=out)
         if store.keeps_registry:  # instances up before their first slot

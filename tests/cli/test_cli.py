@@ -114,7 +114,10 @@ def test_status_never_prints_a_password(capsys: pytest.CaptureFixture[str]) -> N
 def test_status_of_an_empty_namespace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # Reached, nothing recorded: 1, not the 0 of jobs shown.
     assert main(["status", "--store", f"sqlite:///{tmp_path / 'e.db'}"]) == 1
-    assert "no jobs recorded in namespace 'default'" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "no jobs recorded in namespace 'default'" in out
+    # Without --namespace, it says where else the jobs may be.
+    assert "the jobs may be in another namespace: --namespace NS (Celery's is" in out
 
 
 @pytest.mark.scenario
