@@ -291,6 +291,37 @@ def test_celery_anarchon_status(tmp_path: Path, celery_redis: str) -> None:
     assert re.search(r"^fast\s+2023-11-14 22:13:20\s+pod-1:beat\s+1\s+running", shown.stdout, re.M)
 
 
+@pytest.mark.timeout(240)
+def test_a_stock_beat_left_running_is_said_by_the_worker_and_shown_by_status(
+    fleet: Callable[..., CeleryFleet], celery_redis: str
+) -> None:
+    # Mid-migration: a pod with anarchon's beat, and one still on stock beat.
+    pods = fleet(celery_redis, {"fast": FAST})
+    pods.worker("w1", concurrency=1)
+    pods.wait_tracking("w1")
+    pods.wait_for(lambda ls: any(x.get("slot_id") for x in pods.starts("fast")), 60, "a slot")
+    pods.stock_beat("old")
+    pods.wait_for(
+        lambda ls: len([x for x in pods.starts("fast") if not x.get("slot_id")]) >= 3,
+        60,
+        "three sends of the stock beat",
+    )
+    said = [
+        line
+        for line in pods.log("w1").splitlines()
+        if "was sent by a beat that is not anarchon's" in line
+    ]
+    assert len(said) == 1, pods.log("w1")
+    assert "WARNING" in said[0] and "anarchon: entry fast was sent" in said[0]
+    assert re.search(r"\(from gen\d+@", said[0]), said[0]  # the stock beat's host
+    argv = [CELERY, "-A", "tests.celery.e2e_app", "anarchon", "status"]
+    shown = subprocess.run(argv, env=pods.env, capture_output=True, text=True, timeout=60)
+    pods.stop_all()
+    assert shown.returncode == 0, shown.stderr
+    assert "1 job(s) also sent by a scheduler that is not anarchon's" in shown.stdout
+    assert re.search(r"^fast\s+\d+\s+\S+ \S+\s+gen\d+@", shown.stdout, re.M), shown.stdout
+
+
 def test_a_cold_shutdown_hands_the_running_slot_over_at_once(
     fleet: Callable[..., CeleryFleet], celery_redis: str
 ) -> None:
