@@ -17,6 +17,7 @@ from anarchon_core import open_store
 from tests.celery.harness import CELERY, CeleryFleet, per_slot, slot_seconds
 from tests.cleanup import drop_namespace
 from tests.pods import assert_each_second_once, fleets
+from tests.servers import free_port
 
 pytestmark = pytest.mark.scenario
 
@@ -265,6 +266,28 @@ def test_misconfiguration_stops_beat_with_one_clear_message(
     output = done.stdout + done.stderr
     assert done.returncode != 0
     assert output.count(message) == 1, output
+
+
+@pytest.mark.timeout(120)
+def test_a_store_on_a_wrong_port_is_waited_out_and_said_at_error(
+    fleet: Callable[..., CeleryFleet], celery_redis: str
+) -> None:
+    pods = fleet(celery_redis, {"fast": FAST})
+    port = free_port()
+    pods.spawn(
+        "b1",
+        [CELERY, "-A", "tests.celery.e2e_app", "beat", "--scheduler", "anarchon_celery:Scheduler"],
+        env={"E2E_STORE": f"redis://:hunter2@127.0.0.1:{port}/0?socket_connect_timeout=1"},
+    )
+    said = f"anarchon: the store redis://:***@127.0.0.1:{port}/0?socket_connect_timeout=1 has"
+    deadline = time.monotonic() + 60
+    while said not in pods.log("b1") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    log = pods.log("b1")
+    assert re.search(r"ERROR.*" + re.escape(said) + r" not answered for \d+s, since this", log), log
+    assert pods.procs["b1"].poll() is None, log  # beat waits for its store: it runs on
+    assert "CRITICAL" not in log and "hunter2" not in log
+    pods.stop_all()
 
 
 def test_celery_anarchon_status(tmp_path: Path, celery_redis: str) -> None:
