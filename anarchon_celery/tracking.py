@@ -137,8 +137,10 @@ def _note_stray(task: Task) -> None:
     try:
         first = note_stray(store_url(task.app), namespace_of(task.app), entry, sender)
     except Exception as exc:  # the task runs whatever happens here
+        # No anarchon settings (an app on stock beat alone) or no store: nothing to
+        # count, and nothing to say at every send; a bug shows with its traceback.
         log.log(
-            logging.ERROR if is_bug(exc) else logging.INFO,
+            logging.ERROR if is_bug(exc) else logging.DEBUG,
             "anarchon: could not count a send of %s by another beat: %s",
             entry,
             exc,
