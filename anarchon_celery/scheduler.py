@@ -17,7 +17,7 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -30,7 +30,7 @@ from anarchon_core import AnarchonError, ConfigurationError, Run
 from anarchon_core import Scheduler as Engine
 from anarchon_core.control import Definition
 from anarchon_core.handoff import DEFAULT_PICKUP, HandOff, dispatch
-from anarchon_core.probes import ProbeServer, serve_beside
+from anarchon_core.probes import OutageLog, ProbeServer, serve_beside
 from anarchon_core.scheduler import MAX_SLEEP
 from anarchon_core.urls import redact
 
@@ -60,6 +60,27 @@ def _sent_cause(exc: BaseException) -> BaseException:
     if isinstance(exc, SchedulingError):
         inner = exc.__cause__ or exc.__context__
     return inner if inner is not None else exc
+
+
+#: How many entry names the startup line lists at most.
+NAMED_ENTRIES = 8
+
+
+def describe_entries(names: Iterable[str]) -> str:
+    """The entries beat schedules, as its startup line says them: the user's, then Celery's.
+
+    Celery adds entries of its own (``celery.backend_cleanup``): counted
+    apart, so that "3 entries" never stands for a user's two.
+    """
+    own = sorted(n for n in names if n.startswith("celery."))
+    users = sorted(n for n in names if not n.startswith("celery."))
+    shown = ", ".join(users[:NAMED_ENTRIES]) + (", ..." if len(users) > NAMED_ENTRIES else "")
+    said = f"{len(users)} {'entry' if len(users) == 1 else 'entries'}"
+    if users:
+        said += f" ({shown})"
+    if own:
+        said += f" and Celery's own {', '.join(own)}"
+    return said
 
 
 class _Sending:
@@ -93,6 +114,8 @@ class Scheduler(celery_beat.Scheduler):  # type: ignore[misc]
         self.workers: WorkerCheck | None = None
         #: The metrics and probes endpoint (``anarchon_metrics_port``), if served.
         self._probes: ProbeServer | None = None
+        #: Says, every minute while it lasts, that the store does not answer.
+        self._outage: OutageLog | None = None
         self.settings: BeatSettings | None = None
         self._entries: EntryJobs | None = None
         self._lock = threading.RLock()
@@ -161,14 +184,15 @@ class Scheduler(celery_beat.Scheduler):  # type: ignore[misc]
         self.install_default_entries(self.schedule)
         entries = self._start_engine(settings)
         engine = entries.engine
+        self._outage = OutageLog(engine, store_url(self.app))
         if settings.tracking and engine.store.supports_lease:
             self.workers = WorkerCheck(self.app).start()
         if settings.metrics_port is not None:
             self._probes = serve_beside(engine, settings.metrics_port, settings.metrics_host)
         self._steps.install_signal_handlers()
         log.info(
-            "anarchon: %d entries, store %s, namespace %s, execution tracking %s",
-            len(entries.jobs),
+            "anarchon: %s, store %s, namespace %s, execution tracking %s",
+            describe_entries(entries.jobs),
             redact(store_url(self.app)),
             engine.namespace,
             "when every worker has it" if self.workers else "off",
@@ -224,6 +248,8 @@ class Scheduler(celery_beat.Scheduler):  # type: ignore[misc]
                     delay = engine.run_pending()
                 except Exception:  # beat must keep ticking; the engine logs store trouble
                     log.exception("anarchon: scheduling step failed")
+                if self._outage is not None:
+                    self._outage.check()
         return max(0.0, min(delay, float(self.max_interval)))
 
     def close(self) -> None:
@@ -250,6 +276,7 @@ class Scheduler(celery_beat.Scheduler):  # type: ignore[misc]
             probes.close()
         engine, self.engine = self.engine, None
         workers, self.workers = self.workers, None
+        self._outage = None
         self._entries = None
         # The hand-over first: it is what a backup waits for; the worker check
         # may be in the middle of a broadcast, which it finishes before stopping.

@@ -167,9 +167,16 @@ def _cron(where: str, value: crontab) -> str:
             fields.append(",".join(str(v) for v in sorted(expanded)))
     if fields[2] != "*" and fields[4] != "*":
         # Celery requires both to match; classic cron, which anarchon follows, either.
+        # Two entries, one per field, would run on either day too: the advice
+        # keeps Celery's meaning (both must match) by checking the other field
+        # in the task.
         raise ConfigurationError(
             f"{where}: crontab with both day_of_month and day_of_week restricted is not"
-            " supported (Celery needs both to match, cron either): split it in two entries"
+            " supported: Celery runs it on the days that match both, classic cron (which"
+            " anarchon follows) on the days that match either. Keep one of the two (e.g."
+            " day_of_week='mon', or a daily crontab) and let the task return unless the"
+            " date matches the other (e.g. day of month 1-7); two entries would run on"
+            " the days of either"
         )
     minute, hour, day_of_month, month, day_of_week = fields
     return " ".join((minute, hour, day_of_month, month, day_of_week))
@@ -213,6 +220,16 @@ def _schedule(
         return None, _cron(where, value), _timezone(where, value, app_timezone)
     if isinstance(value, schedule):
         _refuse_overrides(where, value, schedule)
+        if value.relative:
+            # Celery rounds each due time down to the interval's resolution from
+            # when that one beat last ran the entry: no two beats would agree.
+            raise ConfigurationError(
+                f"{where}: schedule(..., relative=True) is not supported: its due times are"
+                " rounded from when each beat last ran the entry. anarchon's slots are"
+                " already on round times, a grid anchored at the Unix epoch"
+                " (timedelta(minutes=15) fires at :00, :15, :30, :45): remove"
+                " relative=True, or use crontab(...) for times in app.conf.timezone"
+            )
         return value.run_every.total_seconds(), None, None
     raise ConfigurationError(
         f"{where}: unsupported schedule {value!r} ({kind}): anarchon computes every slot from"

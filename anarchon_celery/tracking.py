@@ -34,16 +34,18 @@ from celery.app.task import Task
 from celery.exceptions import Ignore, Retry
 
 from anarchon_core import RunState
+from anarchon_core.errors import is_bug
 from anarchon_core.handoff import (
     HandOff,
     SkipWork,
     close_stores,
+    note_stray,
     release_all,
     take,
     tracked_ticket,
 )
 
-from .settings import store_url
+from .settings import namespace_of, store_url
 
 log = logging.getLogger(__name__)
 
@@ -88,9 +90,78 @@ def _ticket(task: Task) -> HandOff | None:
 _original_call: Any = None
 
 
+def _stray_entry(task: Task) -> str | None:
+    """The ``beat_schedule`` entry of a task sent by a beat that is not anarchon's, if any.
+
+    Every beat marks what it sends with the ``celery_beat_task`` header
+    (Celery 5.7's ``apply_async``); anarchon's beats also send the
+    :data:`HEADER` ticket. The message does not name its entry: the entry
+    is the one of ``beat_schedule`` with this task and these arguments (the
+    first by name if several have them, or only the task).
+    """
+    request = task.request_stack.top
+    if request is None or request.called_directly or len(task.request_stack) != 1:
+        return None
+    if not getattr(request, "celery_beat_task", None) or getattr(request, HEADER, None):
+        return None
+    entries = task.app.conf.beat_schedule or {}
+    named = sorted(
+        name
+        for name, entry in entries.items()
+        if isinstance(entry, dict) and entry.get("task") == task.name
+    )
+    same = [
+        name
+        for name in named
+        if tuple(entries[name].get("args") or ()) == tuple(request.args or ())
+        and dict(entries[name].get("kwargs") or {}) == dict(request.kwargs or {})
+    ]
+    found = same or named
+    return found[0] if found else None
+
+
+def _note_stray(task: Task) -> None:
+    """Count and say a task that a stock beat sent for an entry anarchon schedules.
+
+    A stock beat left running beside anarchon's beats (one pod not yet
+    migrated) sends every slot of every entry a second time; the worker is
+    the one place that sees both. Said once per entry in this process, at
+    WARNING; counted in the store at every send (``celery anarchon status``,
+    the dashboard, the ``anarchon_stray_sends_total`` metric).
+    """
+    entry = _stray_entry(task)
+    if entry is None:
+        return
+    request = task.request_stack.top
+    sender = str(getattr(request, "origin", None) or "")
+    try:
+        first = note_stray(store_url(task.app), namespace_of(task.app), entry, sender)
+    except Exception as exc:  # the task runs whatever happens here
+        # No anarchon settings (an app on stock beat alone) or no store: nothing to
+        # count, and nothing to say at every send; a bug shows with its traceback.
+        log.log(
+            logging.ERROR if is_bug(exc) else logging.DEBUG,
+            "anarchon: could not count a send of %s by another beat: %s",
+            entry,
+            exc,
+            exc_info=exc if is_bug(exc) else None,
+        )
+        return
+    if first:
+        log.warning(
+            "anarchon: entry %s was sent by a beat that is not anarchon's (from %s, task %s):"
+            " a stock beat still runs beside anarchon's beats and sends every slot again;"
+            " stop it (see 'Migrating from stock beat'). Counted in 'celery anarchon status'",
+            entry,
+            sender or "a host the message does not name",
+            request.id,
+        )
+
+
 def _call(self: Task, *args: Any, **kwargs: Any) -> Any:
     ticket = _ticket(self)
     if ticket is None:
+        _note_stray(self)
         return _original_call(self, *args, **kwargs)
     try:
         lease = take(store_url(self.app), ticket)

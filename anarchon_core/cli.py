@@ -32,6 +32,7 @@ from typing import Any, TextIO, TypeVar
 from .control import OPTIONS, Control, Definition, JobPaused, UnknownJob
 from .durations import parse_duration
 from .errors import AnarchonError, ConfigurationError, Conflict, StoreUnavailable
+from .handoff import stray_sends
 from .schedules import from_ms
 from .store import HISTORY, JobState, RunState, Store, holders
 from .urls import open_store, redact, scrub, secrets_in
@@ -53,6 +54,14 @@ def status(store: Store, out: TextIO) -> int:
     if not names:
         if store.supports_lease:
             print(f"no jobs recorded in namespace {store.namespace!r}", file=out)
+            if store.namespace == "default":
+                # The usual reason: the jobs live in the namespace an integration chose.
+                print(
+                    "  the jobs may be in another namespace: --namespace NS (Celery's is the"
+                    " app's name unless anarchon_namespace is set; Dramatiq's the middleware's"
+                    " namespace; a Scheduler's its namespace=)",
+                    file=out,
+                )
         else:
             print(f"{type(store).__name__} records no jobs (it only takes claims)", file=out)
         if store.keeps_registry:  # instances up before their first slot
@@ -74,7 +83,28 @@ def status(store: Store, out: TextIO) -> int:
     _table(rows, out)
     if store.keeps_registry:
         instances(store, states, out)
+    strays(store, out)
     return len(rows) - 1
+
+
+def strays(store: Store, out: TextIO) -> None:
+    """Print the jobs whose work a scheduler that is not anarchon's also sent, if any.
+
+    The workers count them (:func:`anarchon_core.handoff.note_stray`): a
+    stock Celery beat left running sends every slot a second time.
+    """
+    found = stray_sends(store)
+    if not found:
+        return
+    print(
+        f"\n{len(found)} job(s) also sent by a scheduler that is not anarchon's"
+        " (a stock beat still running?)",
+        file=out,
+    )
+    rows: list[Sequence[str]] = [("job", "sends", "last (UTC)", "from")]
+    for sent in found:
+        rows.append((sent.job, str(sent.count), _when(sent.last_at), sent.sender or "-"))
+    _table(rows, out)
 
 
 def instances(store: Store, states: dict[str, JobState], out: TextIO) -> None:

@@ -14,10 +14,17 @@ or releases it at once when the process goes down mid-run.
 :class:`Executions` owns the worker side of a process (the stores it opened,
 the leases its running work holds), closed with :func:`close_stores` when the
 worker shuts down.
+
+A worker also sees the work of a job that came without a ticket from a
+scheduler that is not anarchon's (a stock Celery beat left running during a
+migration sends every slot a second time). :func:`note_stray` counts such
+sends in the store, per job (:data:`STRAY` control entries), where
+:func:`stray_sends` reads them for status, the dashboard and the metrics.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Callable, Mapping
@@ -25,7 +32,9 @@ from dataclasses import asdict, dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .errors import ConfigurationError, DispatchFailed, is_bug
+from .clock import SystemClock
+from .control import DEFINED
+from .errors import ConfigurationError, Conflict, DispatchFailed, is_bug
 from .errors import SkipWork as SkipWork  # defined with every error; importable here as before
 from .store import RunState, Store
 from .urls import open_store
@@ -179,6 +188,33 @@ class Executions:
         self._lock = threading.Lock()
         self._stores: dict[tuple[str, str], Store] = {}
         self._running: set[ExecutionLease] = set()
+        #: (url, namespace, job) known to be scheduled by anarchon, and those said.
+        self._scheduled: set[tuple[str, str, str]] = set()
+        self._said_stray: set[tuple[str, str, str]] = set()
+
+    def note_stray(self, url: str, namespace: str, job: str, sender: str) -> bool | None:
+        """Count a send of ``job`` by a scheduler that is not anarchon's (see :func:`note_stray`).
+
+        None if anarchon does not schedule ``job`` (nothing counted); else
+        whether this process sees it for the first time (to say it once).
+        """
+        store = self.store_for(url, namespace)
+        key = (url, namespace, job)
+        with self._lock:
+            known = key in self._scheduled
+        if not known:
+            # Recorded (a slot of it ran) or stored (a schedule defined at run time).
+            stored = store.keeps_controls and DEFINED + job in store.controls(DEFINED + job)
+            if store.state(job) is None and not stored:
+                return None  # not anarchon's job, or not yet: asked again next time
+            with self._lock:
+                self._scheduled.add(key)
+        if store.keeps_controls:
+            _count_stray(store, job, sender, SystemClock().time())
+        with self._lock:
+            first = key not in self._said_stray
+            self._said_stray.add(key)
+        return first
 
     def store_for(self, url: str, namespace: str) -> Store:
         """The store for ``url`` and ``namespace``, opened once (after any fork)."""
@@ -334,6 +370,72 @@ def take(url: str, ticket: HandOff) -> ExecutionLease:
         )
         raise SkipWork("stale anarchon attempt", stale=True)
     return lease
+
+
+#: The control entries counting, per job, its sends by a scheduler that is not anarchon's.
+STRAY = "stray/"
+#: How many times a count is tried again when another worker counted at the same moment.
+_STRAY_TRIES = 8
+
+
+@dataclass(frozen=True)
+class StraySends:
+    """A job's work sent without a ticket by a scheduler that is not anarchon's.
+
+    ``count`` sends seen by the workers so far, the last at ``last_at``
+    (Unix seconds) from ``sender`` (the sending host as the message names
+    it, ``""`` if it does not).
+    """
+
+    job: str
+    count: int
+    last_at: float
+    sender: str
+
+
+def note_stray(url: str, namespace: str, job: str, sender: str) -> bool | None:
+    """A worker of this process got ``job``'s work sent by a scheduler that is not anarchon's.
+
+    If anarchon schedules ``job`` in ``namespace`` (a record or a stored
+    schedule of it is in the store), the send is counted in the store
+    (:func:`stray_sends`) and the answer is whether this process sees it
+    for the first time, so that the integration says it once; otherwise
+    nothing is counted and the answer is None.
+    """
+    return EXECUTIONS.note_stray(url, namespace, job, sender)
+
+
+def _count_stray(store: Store, job: str, sender: str, now: float) -> None:
+    """Add one send to ``job``'s count (compare-and-set: workers count at the same time)."""
+    key = STRAY + job
+    for _ in range(_STRAY_TRIES):
+        found = store.controls(key).get(key)
+        version, count = (found[0], int(json.loads(found[1])["count"])) if found else (0, 0)
+        value = json.dumps({"count": count + 1, "last_at": now, "sender": sender[:200]})
+        try:
+            store.set_control(key, value, version)
+            return
+        except Conflict:
+            continue
+    log.info("anarchon: a send of %s by another scheduler was not counted (busy)", job)
+
+
+def stray_sends(store: Store) -> list[StraySends]:
+    """Per job, the sends counted by :func:`note_stray` in ``store``'s namespace, by name."""
+    if not store.keeps_controls:
+        return []
+    found = []
+    for key, (_, text) in sorted(store.controls(STRAY).items()):
+        value = json.loads(text)
+        found.append(
+            StraySends(
+                job=key[len(STRAY) :],
+                count=int(value["count"]),
+                last_at=float(value["last_at"]),
+                sender=str(value.get("sender") or ""),
+            )
+        )
+    return found
 
 
 def release_all() -> None:

@@ -7,11 +7,17 @@
   a Kubernetes liveness probe. A frozen process does not answer at all,
   which the probe counts as a failure too.
 - ``/readyz`` answers 200 while the loop steps and the store answered its
-  last step, else 503: a readiness probe.
+  last step, else 503: a readiness probe. While the store is down,
+  ``/healthz`` still answers 200 and says so (``ok: live; store down``):
+  restarting the process would not bring the store back.
 - ``/metrics``: the :class:`~anarchon_core.metrics.Metrics` of the
   scheduler, in Prometheus' text format (needs the ``metrics`` extra).
 
 Each answer is one short line of text; nothing else is served (404).
+
+:class:`OutageLog` says, at ERROR every minute while it lasts, that the store
+does not answer: a scheduler rides out a store that is down (at start too: a
+store may come up after the pods), and sends nothing meanwhile.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from .errors import ConfigurationError
+from .urls import redact
 
 if TYPE_CHECKING:
     from .metrics import Metrics
@@ -64,9 +71,11 @@ def probe_app(
             health = scheduler.health()
             ok = health.live if path == "/healthz" else health.ready
             status = "200 OK" if ok else "503 Service Unavailable"
-            return _answer(
-                start_response, status, f"{'ok' if ok else 'failing'}: {health.detail}\n"
-            )
+            said = f"{'ok' if ok else 'failing'}: {health.detail}"
+            if ok and not health.ready:
+                # Alive while the store is down: "ok" must not read as the store's answer.
+                said = "ok: live; store down: no slot is claimed until it answers"
+            return _answer(start_response, status, said + "\n")
         if path == "/metrics" and metrics is not None:
             from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -161,3 +170,66 @@ def serve_beside(scheduler: Scheduler, port: int, host: str) -> ProbeServer:
     if port == 0:
         log.warning("anarchon: metrics port 0: serving on %s:%d, a free port", host, server.port)
     return server
+
+
+#: How often, in seconds, :class:`OutageLog` says that the store still does not answer.
+OUTAGE_REPORT = 60.0
+
+
+class OutageLog:
+    """Says at ERROR, every ``every`` seconds while it lasts, that the store does not answer.
+
+    A scheduler waits a store out rather than stop (the store may come up
+    after the pods, or come back after a failover), and claims and sends
+    nothing meanwhile; the engine warns once per outage. This keeps saying
+    it, with the store's URL (its password redacted) and how long it has
+    lasted: at once when the store has not answered since the scheduler
+    started (a wrong URL or port looks like this), else once it has lasted
+    ``every`` seconds. Call :meth:`check` after each scheduling step, or
+    every second or so from the thread that watches the scheduler.
+    """
+
+    def __init__(self, scheduler: Scheduler, url: str, every: float = OUTAGE_REPORT) -> None:
+        self.scheduler = scheduler
+        self.url = redact(url)
+        self.every = every
+        self._answered = False  # the store answered a step since the start
+        self._since: float | None = None  # when the outage under way began (monotonic)
+        self._said: float | None = None  # when it was last said
+
+    def check(self) -> None:
+        """Log the outage under way if it is time to, or its end."""
+        health = self.scheduler.health()
+        now = self.scheduler.clock.monotonic()
+        if not health.live:
+            return  # not started yet, or stalled: the liveness probe's matter
+        if health.ready:
+            if self._said is not None and self._since is not None:
+                log.info(
+                    "anarchon: the store %s answers again, after %s",
+                    self.url,
+                    _took(now - self._since),
+                )
+            self._answered, self._since, self._said = True, None, None
+            return
+        if self._since is None:
+            self._since = now
+        lasted = now - self._since
+        due = self._said + self.every if self._said is not None else None
+        if (due is None and (not self._answered or lasted >= self.every)) or (
+            due is not None and now >= due
+        ):
+            self._said = now
+            log.error(
+                "anarchon: the store %s has not answered for %s%s: no slot is claimed or sent"
+                " until it does (waiting for it; check the URL and that the store is up)",
+                self.url,
+                _took(lasted),
+                "" if self._answered else ", since this scheduler started",
+            )
+
+
+def _took(seconds: float) -> str:
+    """A duration as a person reads it in a log: ``45s``, ``3m05s``."""
+    whole = int(seconds)
+    return f"{whole}s" if whole < 60 else f"{whole // 60}m{whole % 60:02d}s"

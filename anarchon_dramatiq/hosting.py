@@ -34,7 +34,7 @@ from anarchon_core.handoff import DEFAULT_PICKUP, HandOff, dispatch
 from anarchon_core.jobs import DISPATCH_JITTER
 from anarchon_core.metrics import Metrics
 from anarchon_core.names import check_namespace
-from anarchon_core.probes import ProbeServer, check_port, serve_beside
+from anarchon_core.probes import OutageLog, ProbeServer, check_port, serve_beside
 from anarchon_core.urls import redact
 
 from .broker_store import broker_store_url
@@ -62,6 +62,8 @@ def _broker_errors() -> tuple[type[BaseException], ...]:
 
 #: What :meth:`SchedulerHost.send` reports as a dispatch failure.
 BROKER_ERRORS = _broker_errors()
+#: How often, in seconds, the hosting thread looks for a store that does not answer.
+OUTAGE_CHECK = 1.0
 
 
 class SchedulerHost(Middleware):
@@ -254,13 +256,18 @@ class SchedulerHost(Middleware):
                 self._serve_metrics(self._broker, engine)
             except AnarchonError as exc:  # the scheduler goes on without them
                 log.error("anarchon: cannot serve metrics: %s", exc)
+        url = self.store_url(self._broker)
         log.info(
             "anarchon: scheduler running in process %d: %d periodic actors, store %s, namespace %s",
             os.getpid(),
             len(self.periodic),
-            redact(self.store_url(self._broker)),
+            redact(url),
             self.namespace,
         )
+        # From here on, this thread only watches for a store that does not answer.
+        outage = OutageLog(engine, url)
+        while not self._stop.wait(OUTAGE_CHECK):
+            outage.check()
 
     def _serve_metrics(self, broker: Broker, engine: Engine) -> None:
         """Serve metrics and probes on ``metrics_port``; count into Dramatiq's Prometheus

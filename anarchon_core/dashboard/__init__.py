@@ -5,7 +5,9 @@ every second and draws it with DOM text nodes only: every name and value
 that comes from the store is shown as text, never as markup. It shows each
 job's last slot, owner, attempt, state, lease left, last success, pause
 flag and next slot; a timeline of its recent slots (who ran each, takeovers,
-slots that did not run); and the live instances with the runs they hold.
+runs on request, slots that did not run); the live instances with the runs
+they hold; and, if the workers counted any, the jobs that a scheduler that
+is not anarchon's also sent (a stock beat left running).
 
 Read-only unless built with an ``action_token``: then ``api/pause``,
 ``api/resume`` and ``api/trigger`` accept a POST carrying the token in the
@@ -23,12 +25,15 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterable
+from collections.abc import Set as AbstractSet
+from dataclasses import asdict
 from datetime import datetime, timezone
 from importlib import resources
 from typing import Any
 
-from ..control import Control, JobPaused, UnknownJob
+from ..control import MANUAL, Control, JobPaused, UnknownJob
 from ..errors import ConfigurationError
+from ..handoff import stray_sends
 from ..store import HELD_STATES, RunRecord, Store, holders
 from ..urls import scrub, secrets_in
 
@@ -175,10 +180,12 @@ class Dashboard:
         jobs, total = self.control.listing(MAX_JOBS, paused)
         instances = self.store.instances() if self.store.keeps_registry else []
         holds = holders({status.job: status.state for status in jobs})
+        manual = self._manual_slots()
         shown_jobs = []
         for status in jobs:
             st, counts = status.state, status.stats
             history = self.store.history(status.job, TIMELINE) if st is not None else []
+            ran_now = manual.get(status.job, set())
             row: dict[str, Any] = {
                 "name": status.job,
                 "paused": status.paused,
@@ -192,8 +199,8 @@ class Dashboard:
                 "last_failure": counts.last_failure if counts else None,
                 "runs": counts.runs if counts else 0,
                 "takeovers": counts.takeovers if counts else 0,
-                "next": _next_slot(status, history, now),
-                "timeline": _timeline(history),
+                "next": _next_slot(status, history, now, ran_now),
+                "timeline": _timeline(history, ran_now),
             }
             shown_jobs.append(row)
         return {
@@ -204,6 +211,7 @@ class Dashboard:
             "registry": self.store.keeps_registry,
             "jobs": shown_jobs,
             "more_jobs": total - len(jobs),
+            "strays": [asdict(sent) for sent in stray_sends(self.store)],
             "instances": [
                 {
                     "name": r.instance,
@@ -218,13 +226,34 @@ class Dashboard:
             ],
         }
 
+    def _manual_slots(self) -> dict[str, set[int]]:
+        """Per job, the slots (ms) that ran on request (run now), in one read.
 
-def _next_slot(status: Any, history: list[RunRecord], now: float) -> dict[str, Any] | None:
-    """The job's next slot: from its stored schedule, else estimated from its recent slots."""
+        They are slots of their own, off the job's schedule: neither a gap
+        between scheduled slots nor a step of the schedule.
+        """
+        if not self.store.keeps_controls:
+            return {}
+        found: dict[str, set[int]] = {}
+        for key in self.store.controls(MANUAL):
+            job, _, ms = key[len(MANUAL) :].rpartition("/")
+            if ms.isdigit():
+                found.setdefault(job, set()).add(int(ms))
+        return found
+
+
+def _next_slot(
+    status: Any, history: list[RunRecord], now: float, manual: AbstractSet[int] = frozenset()
+) -> dict[str, Any] | None:
+    """The job's next slot: from its stored schedule, else estimated from its recent slots.
+
+    The estimate steps on from the last scheduled slot by the smallest gap
+    between scheduled slots; slots run on request are no part of it.
+    """
     if status.defined is not None:
         nxt = status.defined.schedule().next_after(datetime.fromtimestamp(now, timezone.utc))
         return {"at": nxt.timestamp(), "estimated": False}
-    slots = sorted({r.slot_ms for r in history}, reverse=True)
+    slots = sorted({r.slot_ms for r in history} - manual, reverse=True)
     if len(slots) < 2:
         return None
     gap = min(a - b for a, b in itertools.pairwise(slots))
@@ -236,34 +265,45 @@ def _next_slot(status: Any, history: list[RunRecord], now: float) -> dict[str, A
     return {"at": at / 1000, "estimated": True}
 
 
-def _timeline(history: list[RunRecord]) -> list[dict[str, Any]]:
+def _timeline(
+    history: list[RunRecord], manual: AbstractSet[int] = frozenset()
+) -> list[dict[str, Any]]:
     """Recent attempts, newest first, with a marker where slots did not run.
 
     Slots that did not run (missed, skipped as overlaps, paused) show as a
-    gap wider than the smallest gap between the recent slots.
+    gap wider than the smallest gap between the recent scheduled slots. A
+    slot run on request (``manual``) is off the schedule: it is shown, marked
+    as such, and neither makes nor splits a gap.
     """
-    slots = sorted({r.slot_ms for r in history}, reverse=True)
+    slots = sorted({r.slot_ms for r in history} - manual, reverse=True)
     gaps = [a - b for a, b in itertools.pairwise(slots)]
     step = min(gaps) if gaps else 0
     items: list[dict[str, Any]] = []
     previous: int | None = None
     for record in history:
+        if record.slot_ms in manual:
+            items.append(_run_item(record, manual=True))
+            continue
         if previous is not None and step > 0 and previous != record.slot_ms:
             skipped = round((previous - record.slot_ms) / step) - 1
             if skipped > 0:
                 items.append({"kind": "gap", "slots": skipped})
-        items.append(
-            {
-                "kind": "run",
-                "slot": record.slot_ms / 1000,
-                "attempt": record.attempt,
-                "owner": record.owner,
-                "state": record.state.value,
-                "takeover": record.attempt > 1,
-            }
-        )
+        items.append(_run_item(record, manual=False))
         previous = record.slot_ms
     return items
+
+
+def _run_item(record: RunRecord, *, manual: bool) -> dict[str, Any]:
+    """One attempt as the timeline shows it."""
+    return {
+        "kind": "run",
+        "slot": record.slot_ms / 1000,
+        "attempt": record.attempt,
+        "owner": record.owner,
+        "state": record.state.value,
+        "takeover": record.attempt > 1,
+        "manual": manual,
+    }
 
 
 def _json(start_response: StartResponse, status: str, value: Any) -> list[bytes]:

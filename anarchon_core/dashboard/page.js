@@ -59,9 +59,10 @@
         mark.textContent = "×" + item.slots;
         mark.title = item.slots + " slot(s) did not run (missed, overlapped or paused)";
       } else {
-        mark.className = item.state + (item.takeover ? " takeover" : "");
-        mark.textContent = item.takeover ? "#" + item.attempt : "•";
-        mark.title = when(item.slot) + " · " + item.owner + " · attempt " + item.attempt + " · " + item.state;
+        mark.className = item.state + (item.takeover ? " takeover" : "") + (item.manual ? " manual" : "");
+        mark.textContent = item.takeover ? "#" + item.attempt : (item.manual ? "▸" : "•");
+        mark.title = when(item.slot) + " · " + item.owner + " · attempt " + item.attempt + " · " +
+          item.state + (item.manual ? " · run now" : "");
       }
       box.appendChild(mark);
     }
@@ -99,6 +100,10 @@
       rows.push(tr);
     }
     jobs.replaceChildren(...rows);
+    const strays = state.strays || [];
+    $("strays").hidden = !strays.length;
+    $("strays").textContent = "Also sent by a scheduler that is not anarchon's (a stock beat still running?): " +
+      strays.map((s) => s.job + " ×" + s.count + " (last " + when(s.last_at) + (s.sender ? " from " + s.sender : "") + ")").join("; ");
     $("more").hidden = !state.more_jobs;
     $("more").textContent = state.more_jobs + " more job(s) not shown.";
     const instances = $("instances").tBodies[0];

@@ -209,7 +209,10 @@ class Demo:
             self.tally.handovers += 1
             self.row(clock, who, line["attempt"], "hands its run over")
         elif kind == "overlap":
+            # Each skip the summary counts has its line: a count with no line to
+            # match it would leave the reader guessing which slot did not run.
             self.tally.overlaps += 1
+            self.row(clock, who, "-", f"overlap skip ({line.get('detail') or 'still running'})")
         elif kind == "catch_up":
             self.row(clock, who, line["attempt"], "catch-up")
 

@@ -76,6 +76,13 @@ class CeleryFleet(Fleet):
         """Whether the beats of ``names`` hand slots off to tracking workers."""
         return all("every worker tracks execution" in self.log(n) for n in names)
 
+    def stock_beat(self, name: str) -> None:
+        """Celery's own beat (a pod not yet migrated): it sends every entry on its own."""
+        argv = [CELERY, "-A", "tests.celery.e2e_app", "beat", "--scheduler"]
+        argv += ["celery.beat:PersistentScheduler", "--loglevel", "INFO"]
+        argv += ["-s", str(self.tmp_path / f"{name}-stock-schedule")]
+        self.spawn(name, argv)
+
     @staticmethod
     def pod_of_worker(worker: str) -> str:
         """The pod name of a worker node name ("w1.<namespace>@host")."""

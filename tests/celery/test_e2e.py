@@ -16,6 +16,7 @@ from anarchon_core import open_store
 from tests.celery.harness import CELERY, CeleryFleet, Line, per_slot, slot_seconds
 from tests.cleanup import drop_namespace
 from tests.fleet import assert_each_second_once, fleets
+from tests.servers import free_port
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.scenario
@@ -198,6 +199,26 @@ def test_misconfiguration_stops_beat_with_one_clear_message(
     assert output.count(message) == 1, output
 
 
+@pytest.mark.timeout(120)
+def test_a_store_on_a_wrong_port_is_waited_out_and_said_at_error(
+    fleet: Callable[..., CeleryFleet], celery_redis: str
+) -> None:
+    pods = fleet(celery_redis, {"fast": FAST})
+    port = free_port()
+    pods.spawn(
+        "b1",
+        [CELERY, "-A", "tests.celery.e2e_app", "beat", "--scheduler", "anarchon_celery:Scheduler"],
+        env={"E2E_STORE": f"redis://:hunter2@127.0.0.1:{port}/0?socket_connect_timeout=1"},
+    )
+    said = f"anarchon: the store redis://:***@127.0.0.1:{port}/0?socket_connect_timeout=1 has"
+    wait_until(lambda: said in pods.log("b1"), 60, "the outage said", seen=lambda: pods.log("b1"))
+    log = pods.log("b1")
+    assert re.search(r"ERROR.*" + re.escape(said) + r" not answered for \d+s, since this", log), log
+    assert pods.procs["b1"].poll() is None, log  # beat waits for its store: it runs on
+    assert "CRITICAL" not in log and "hunter2" not in log
+    pods.stop_all()
+
+
 def test_celery_anarchon_status(tmp_path: Path, celery_redis: str) -> None:
     pods = CeleryFleet(tmp_path, celery_redis, {"fast": FAST})
 
@@ -220,6 +241,43 @@ def test_celery_anarchon_status(tmp_path: Path, celery_redis: str) -> None:
     assert shown.returncode == 0, shown.stderr
     assert f"namespace {pods.namespace}" in shown.stdout
     assert re.search(r"^fast\s+2023-11-14 22:13:20\s+pod-1:beat\s+1\s+running", shown.stdout, re.M)
+
+
+@pytest.mark.timeout(240)
+def test_a_stock_beat_left_running_is_said_by_the_worker_and_shown_by_status(
+    fleet: Callable[..., CeleryFleet], celery_redis: str
+) -> None:
+    # Mid-migration: a pod with anarchon's beat, and one still on stock beat.
+    pods = fleet(celery_redis, {"fast": FAST})
+    pods.worker("w1", concurrency=1)
+    wait_until(lambda: pods.tracking("w1"), 60, "execution tracking in w1", seen=pods.tail)
+    wait_until(
+        pods.watch(lambda ls: any(x.get("slot_id") for x in pods.starts("fast"))),
+        60,
+        "a slot",
+        seen=pods.tail,
+    )
+    pods.stock_beat("old")
+    wait_until(
+        pods.watch(lambda ls: len([x for x in pods.starts("fast") if not x.get("slot_id")]) >= 3),
+        60,
+        "three sends of the stock beat",
+        seen=pods.tail,
+    )
+    said = [
+        line
+        for line in pods.log("w1").splitlines()
+        if "was sent by a beat that is not anarchon's" in line
+    ]
+    assert len(said) == 1, pods.log("w1")
+    assert "WARNING" in said[0] and "anarchon: entry fast was sent" in said[0]
+    assert re.search(r"\(from gen\d+@", said[0]), said[0]  # the stock beat's host
+    argv = [CELERY, "-A", "tests.celery.e2e_app", "anarchon", "status"]
+    shown = subprocess.run(argv, env=pods.env, capture_output=True, text=True, timeout=60)
+    pods.stop_all()
+    assert shown.returncode == 0, shown.stderr
+    assert "1 job(s) also sent by a scheduler that is not anarchon's" in shown.stdout
+    assert re.search(r"^fast\s+\d+\s+\S+ \S+\s+gen\d+@", shown.stdout, re.M), shown.stdout
 
 
 def test_a_cold_shutdown_hands_the_running_slot_over_at_once(

@@ -10,6 +10,8 @@ on a 1 s grid.
 from __future__ import annotations
 
 import contextlib
+import io
+import re
 import threading
 import time
 from collections import Counter
@@ -20,9 +22,15 @@ from typing import Any
 import pytest
 from celery import Celery, beat
 from celery.result import AsyncResult
+from celery.utils.nodenames import anon_nodename
 
 from anarchon_celery import Scheduler
 from anarchon_core import RunState, Store, open_store
+from anarchon_core import Scheduler as Engine
+from anarchon_core.cli import run_status
+from anarchon_core.dashboard import Dashboard
+from anarchon_core.handoff import stray_sends
+from anarchon_core.metrics import Metrics
 from tests.celery.ticking import drive
 from tests.waiting import wait_until
 
@@ -324,3 +332,73 @@ def test_a_sigterm_lost_while_beat_builds_its_scheduler_still_stops_beat(
     assert not loop.is_alive(), "beat ran on after its SIGTERM"
     assert len(calls) == 1
     assert service.scheduler.engine is None
+
+
+def test_a_stock_beat_left_running_is_said_once_per_entry_and_counted(
+    celery_app: Celery,
+    runs: Runs,
+    store_url: str,
+    close_after: list[Scheduler],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    configure(celery_app, store_url, {"record": {"task": "periodic.record", "schedule": 1}})
+    scheduler = beat_scheduler(celery_app)
+    close_after.append(scheduler)
+    drive([scheduler], lambda: bool(runs.seen), timeout=4)
+    wait_until(lambda: bool(runs.seen), 3, "anarchon's beat to send")
+    scheduler.close()
+    runs.seen.clear()
+    caplog.set_level("INFO", logger="anarchon_celery.tracking")
+
+    # One pod still on stock beat, mid-migration: it sends the entry's task as
+    # Celery's beat does (the celery_beat_task header, no anarchon ticket).
+    stock = beat.Scheduler(celery_app, lazy=False)
+    try:
+        for _ in range(3):
+            stock.apply_async(stock.schedule["record"], advance=False)
+        wait_until(
+            lambda: len(runs.seen) == 3, 5, "the stock beat's 3 sends", seen=lambda: runs.seen
+        )
+    finally:
+        stock.close()
+    assert all(header is None for _, _, header in runs.seen)  # they ran: only said
+
+    said = [
+        r
+        for r in caplog.records
+        if r.name == "anarchon_celery.tracking" and "not anarchon's" in r.getMessage()
+    ]
+    assert len(said) == 1, caplog.text
+    assert said[0].levelname == "WARNING"
+    message = said[0].getMessage()
+    assert message.startswith("anarchon: entry record was sent by a beat that is not anarchon's")
+    assert "Migrating from stock beat" in message
+    with closing_store(store_url, celery_app.main) as store:
+        (counted,) = stray_sends(store)
+    assert (counted.job, counted.count) == ("record", 3)
+    assert counted.sender == anon_nodename()  # Celery's origin header: the sending host
+    assert f"from {counted.sender}" in message
+
+    # A task called in any other way is no beat's send: nothing said or counted.
+    celery_app.tasks["periodic.record"].delay().get(timeout=5)
+    with closing_store(store_url, celery_app.main) as store:
+        assert [s.count for s in stray_sends(store)] == [3]
+
+    # Status, the dashboard and the metrics show it.
+    out, err = io.StringIO(), io.StringIO()
+    assert run_status(store_url, celery_app.main, out, err, prog="celery anarchon") == 0
+    shown = out.getvalue()
+    assert "1 job(s) also sent by a scheduler that is not anarchon's" in shown, shown
+    assert re.search(rf"^record\s+3\s+\S+ \S+\s+{re.escape(counted.sender)}$", shown, re.M), shown
+    page = Dashboard(store_url, namespace=celery_app.main)
+    try:
+        assert [(s["job"], s["count"]) for s in page.state()["strays"]] == [("record", 3)]
+    finally:
+        page.close()
+    engine = Engine(store_url, namespace=celery_app.main)
+    try:
+        registry = Metrics(engine).registry
+        labels = {"namespace": celery_app.main, "job": "record"}
+        assert registry.get_sample_value("anarchon_stray_sends_total", labels) == 3
+    finally:
+        engine.stop(timeout=0)

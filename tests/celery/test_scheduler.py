@@ -14,6 +14,7 @@ from anarchon_celery.schedules import read_entry
 from anarchon_celery.settings import namespace_of, store_url
 from anarchon_celery.tracking import task_id
 from anarchon_core import ConfigurationError
+from tests.servers import free_port
 
 
 def make_app(**conf: object) -> Celery:
@@ -122,9 +123,44 @@ def test_crontab_fields_given_as_lists_and_sets() -> None:
     assert entry.cron == "0,30 20,8 * * *"
 
 
-def test_crontab_with_both_day_fields_is_refused() -> None:
-    with pytest.raises(ConfigurationError, match="both day_of_month and day_of_week"):
+def test_crontab_with_both_day_fields_is_refused_with_advice_that_keeps_its_meaning() -> None:
+    with pytest.raises(ConfigurationError, match="both day_of_month and day_of_week") as info:
         read_entry("e", {"task": "t", "schedule": crontab(day_of_month=1, day_of_week=1)}, "UTC")
+    said = str(info.value)
+    # Celery means the days that match both: two entries would run on either.
+    assert "split it in two" not in said
+    assert "match both" in said and "let the task return unless" in said
+
+
+def test_a_relative_interval_is_refused_with_the_reason() -> None:
+    raw = {"task": "t", "schedule": schedule(timedelta(minutes=15), relative=True)}
+    with pytest.raises(ConfigurationError, match=r"relative=True\) is not supported") as info:
+        read_entry("e", raw, "UTC")
+    assert "remove relative=True" in str(info.value)
+    plain = read_entry("e", {"task": "t", "schedule": schedule(timedelta(minutes=15))}, "UTC")
+    assert plain.every == 900.0
+
+
+def test_the_startup_line_counts_the_users_entries_apart_from_celerys(
+    caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    app = make_app(
+        anarchon_store=f"sqlite:///{tmp_path / 's.db'}",
+        beat_schedule={
+            "digest": {"task": "t", "schedule": 60},
+            "report": {"task": "t", "schedule": crontab(minute=0)},
+        },
+    )
+    caplog.set_level("INFO", logger="anarchon_celery.scheduler")
+    scheduler = Scheduler(app)
+    try:
+        assert "celery.backend_cleanup" in scheduler.schedule  # Celery's own, as stock beat
+        assert (
+            "anarchon: 2 entries (digest, report) and Celery's own celery.backend_cleanup, store"
+            in caplog.text
+        )
+    finally:
+        scheduler.close()
 
 
 @pytest.mark.parametrize("signal", ["worker_shutdown", "worker_process_shutdown"])
@@ -149,3 +185,29 @@ def test_a_worker_shutting_down_closes_the_stores_its_tasks_opened(
     handoff.store_for("sqlite:///tasks.db", "billing")
     getattr(signals, signal).send(sender=None)
     assert closed == ["billing"]
+
+
+def test_a_store_that_cannot_be_reached_at_start_is_waited_out_and_said_at_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A wrong port: beat does not stop (a store may come up after the pods), and
+    # says at ERROR, with the URL redacted, that nothing is sent meanwhile.
+    port = free_port()
+    app = make_app(
+        anarchon_store=f"redis://:hunter2@127.0.0.1:{port}/0?socket_connect_timeout=1",
+        anarchon_tracking=False,
+        beat_schedule={"e": {"task": "t", "schedule": 1}},
+    )
+    scheduler = Scheduler(app)
+    try:
+        scheduler.tick()
+        errors = [r for r in caplog.records if r.levelname == "ERROR"]
+        assert [r.name for r in errors] == ["anarchon_core.probes"], caplog.text
+        said = errors[0].getMessage()
+        assert f"the store redis://:***@127.0.0.1:{port}/0" in said
+        assert "has not answered for 0s, since this scheduler started" in said
+        assert "no slot is claimed or sent until it does" in said
+        assert "hunter2" not in caplog.text
+        assert scheduler.engine is not None and scheduler.engine.health().live
+    finally:
+        scheduler.close()

@@ -32,6 +32,7 @@ import faulthandler
 import math
 import os
 import random
+import re
 import signal
 import subprocess
 import threading
@@ -48,6 +49,9 @@ from anarchon_core import RunState, open_store
 from tests.cleanup import drop_namespace
 from tests.fleet import BIN, ROOT
 from tests.waiting import wait_until
+
+#: Beat's startup line: its entries are scheduled.
+STARTED = re.compile(r"anarchon: \d+ entr.*, store ")
 
 pytestmark = pytest.mark.scenario
 
@@ -286,7 +290,7 @@ class Lane:
         # entry's slot (the entries are claimed without jitter).
         try:
             wait_until(
-                lambda: " entries, store " in log.read_text(errors="replace"),
+                lambda: STARTED.search(log.read_text(errors="replace")) is not None,
                 READY_LIMIT,
                 "the scheduler's first tick",
             )

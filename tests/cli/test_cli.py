@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import io
+import json
 import os
 import queue
 import random
@@ -20,7 +22,7 @@ import pytest
 from anarchon_core import RunState
 from anarchon_core.cli import main
 from anarchon_core.stores.sqlite import SQLiteStore
-from anarchon_core.tools.demo import STOP_GRACE
+from anarchon_core.tools.demo import STOP_GRACE, Demo
 from tests.waiting import wait_until
 
 SLOT = 1_700_000_000_000
@@ -48,6 +50,31 @@ def test_demo_shows_a_takeover_and_a_hand_over_and_no_duplicate() -> None:
     assert duplicates == 0
     assert takeovers >= 2
     assert handovers >= 1
+    overlaps = re.search(r"overlap skips: (\d+)", out)
+    assert overlaps, out
+    assert len(re.findall(r" overlap skip \(", out)) == int(overlaps.group(1)), out
+
+
+def test_the_demo_prints_a_line_for_each_overlap_skip_it_counts(tmp_path: Path) -> None:
+    out = io.StringIO()
+    demo = Demo(instances=2, interval=2, duration=1, out=out, folder=tmp_path)
+    lines = [
+        {"kind": "start", "instance": "i1", "slot_id": "tick@1796005388000", "attempt": 1},
+        {
+            "kind": "overlap",
+            "instance": "i2",
+            "slot_id": "tick@1796005390000",
+            "attempt": None,
+            "detail": "tick@1796005388000 still holds its lease",
+        },
+    ]
+    demo.report.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    demo.poll()
+    assert demo.tally.overlaps == 1
+    said = [line for line in out.getvalue().splitlines() if "overlap skip" in line]
+    assert said == [
+        "  02:23:10     i2        -        overlap skip (tick@1796005388000 still holds its lease)"
+    ]
 
 
 def test_status_shows_jobs_and_leases(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -88,7 +115,10 @@ def test_status_never_prints_a_password(capsys: pytest.CaptureFixture[str]) -> N
 def test_status_of_an_empty_namespace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # Reached, nothing recorded: 1, not the 0 of jobs shown.
     assert main(["status", "--store", f"sqlite:///{tmp_path / 'e.db'}"]) == 1
-    assert "no jobs recorded in namespace 'default'" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "no jobs recorded in namespace 'default'" in out
+    # Without --namespace, it says where else the jobs may be.
+    assert "the jobs may be in another namespace: --namespace NS (Celery's is" in out
 
 
 @pytest.mark.scenario

@@ -25,8 +25,8 @@ from wsgiref.validate import validator
 
 import pytest
 
-from anarchon_core import ClaimRequest, Control, Run, Scheduler, Store, open_store
-from anarchon_core.control import RUN_NOW, RUN_NOW_LEAD, Definition
+from anarchon_core import ClaimRequest, Control, Run, RunState, Scheduler, Store, open_store
+from anarchon_core.control import MANUAL, RUN_NOW, RUN_NOW_LEAD, Definition
 from anarchon_core.dashboard import MAX_BODY, MAX_JOBS, Dashboard
 from anarchon_core.errors import ConfigurationError
 from tests import servers
@@ -204,6 +204,28 @@ def test_state_shows_the_jobs_and_instances_of_a_running_scheduler(
     assert stored["next"]["estimated"] is False
     assert stored["next"]["at"] % 3600 == 0 and stored["next"]["at"] > time.time() - 5
     assert [row["name"] for row in state["jobs"]] == sorted([STORED, "tick"])
+
+
+def test_a_run_now_slot_is_neither_a_gap_nor_a_step_of_the_schedule(
+    app: Dashboard, store: Store
+) -> None:
+    # A crontab job run by its instances every minute, and once on request
+    # between two of its minutes, as the engine records them.
+    minute = (int(time.time()) // 60 - 3) * 60_000
+    manual = minute + 115_002  # 5 s before the third minute, as a run now is due
+    for slot_ms in (minute, minute + 60_000, manual, minute + 120_000):
+        holder = store.claim("digest", slot_ms, "beat-1", 10).holder
+        assert holder is not None
+        store.finish("digest", holder.token, RunState.DONE)
+    store.set_control(f"{MANUAL}digest/{manual}", "{}", 0)
+    row = job_row(call(app, "GET", "/api/state").json(), "digest")
+    timeline = row["timeline"]
+    assert [item["kind"] for item in timeline] == ["run"] * 4, timeline
+    assert [item["manual"] for item in timeline] == [False, True, False, False]
+    # Estimated from the scheduled slots alone: on the minute, after the last one.
+    assert row["next"]["estimated"] is True
+    assert row["next"]["at"] * 1000 % 60_000 == 0, row["next"]
+    assert row["next"]["at"] > time.time() - 1
 
 
 def test_the_page_and_its_files_are_served(app: Dashboard) -> None:

@@ -16,6 +16,7 @@ With ``ANARCHON_SCREENSHOT`` set, the page is saved to ``docs/dashboard.png``.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 import uuid
@@ -71,6 +72,8 @@ return {
     nameHtml: tr.querySelector("td.name").innerHTML,
     buttons: Array.from(tr.querySelectorAll("td.controls button")).map((b) => b.className),
     gaps: tr.querySelectorAll("td.recent span.gap").length,
+    manual: tr.querySelectorAll("td.recent span.manual").length,
+    regular: tr.querySelectorAll("td.recent span:not(.gap):not(.manual)").length,
   })),
   instances: Array.from(document.querySelectorAll("#instances tbody tr")).map((tr) => ({
     name: tr.dataset.instance,
@@ -350,3 +353,91 @@ def test_the_dashboard_shows_the_fleet_and_pauses_a_job_on_every_instance(
         assert not browser.find_element(By.ID, "token").is_displayed()
         assert not browser.find_element(By.ID, "actions").is_displayed()
         no_alert(browser)
+
+
+#: A cron job in seconds (croniter's sixth field): slots every 3 s, at :00, :03, :06...
+CRON_EVERY = 3
+
+
+@pytest.fixture
+def cron_fleet(tmp_path: Path, redis_url: str) -> Iterator[Fleet]:
+    """Instances (not started) running ``tick`` on a crontab, every 3 seconds."""
+    namespace = f"dash{uuid.uuid4().hex[:10]}"
+    made = Fleet(
+        tmp_path, redis_url, namespace=namespace, cron=f"* * * * * */{CRON_EVERY}", work=0.2
+    )
+    try:
+        yield made
+    finally:
+        made.stop_all()
+        drop_namespace(redis_url, namespace)
+
+
+def test_a_run_now_of_a_crontab_job_is_no_gap_and_no_step_of_its_schedule(
+    cron_fleet: Fleet, browser: WebDriver, tmp_path: Path
+) -> None:
+    """A run-now slot between two scheduled ones: marked as such, the schedule unchanged.
+
+    The job is declared by its instances only (not stored), so the page
+    estimates its next slot from its recent slots: the run-now slot, a
+    second off the schedule, must be no part of the estimate, and no gap
+    (a gap mark: slots that did not run) may appear, since none was missed.
+    """
+    fleet = cron_fleet
+    fleet.start("a", "b")
+    port = servers.free_port()
+    token = f"dashboard-{uuid.uuid4().hex}"
+    token_file = tmp_path / "token"
+    token_file.write_text(token + "\n")
+    token_file.chmod(0o600)
+    argv = [sys.executable, "-m", "anarchon_core.cli", "dashboard", "--store", fleet.store]
+    argv += ["--namespace", fleet.namespace, "--host", "127.0.0.1", "--port", str(port)]
+    argv += ["--token-file", str(token_file)]
+    env = {k: v for k, v in os.environ.items() if k != "ANARCHON_DASHBOARD_TOKEN"}
+    env["PYTHONPATH"] = str(ROOT)
+    server = servers.ServerProcess(argv, port, name="dashboard", workdir=ROOT, env=env).start()
+    try:
+        browser.get(f"http://127.0.0.1:{port}/")
+        wait_until(
+            showing(browser, lambda s: (r := row(s, TICK)) is not None and r["regular"] >= 2),
+            20,
+            "two scheduled runs of tick",
+        )
+        browser.find_element(By.ID, "token").send_keys(token)
+        click(browser, f'#jobs tbody tr[data-job="{TICK}"] button.trigger')
+        # The run-now slot, then two scheduled slots after it: the gap check
+        # spans the run-now slot, and the estimate has scheduled slots to go on.
+        wait_until(
+            fleet.watch(
+                lambda ls: (
+                    (
+                        manual := [
+                            x
+                            for x in ls
+                            if x["kind"] == "start" and slot_seconds(x["slot_id"]) % CRON_EVERY
+                        ]
+                    )
+                    and len(starts(ls, TICK, slot_seconds(manual[0]["slot_id"]))) >= 2
+                )
+            ),
+            20,
+            "the run-now slot, then two scheduled slots",
+            seen=fleet.tail,
+        )
+        shown = wait_until(
+            showing(
+                browser,
+                lambda s: (
+                    (r := row(s, TICK)) is not None and r["manual"] == 1 and r["regular"] >= 4 and r
+                ),
+            ),
+            10,
+            "the run-now slot among the recent slots of tick",
+        )
+        assert shown["gaps"] == 0, f"a gap where no slot was missed: {shown}"
+        nxt = re.fullmatch(r"≈ \d{4}-\d\d-\d\d \d\d:\d\d:(\d\d) UTC", shown["cells"]["next"])
+        assert nxt, shown["cells"]
+        assert int(nxt.group(1)) % CRON_EVERY == 0, f"the next slot is off the schedule: {shown}"
+        no_alert(browser)
+    finally:
+        server.stop()

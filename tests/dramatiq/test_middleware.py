@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -15,6 +16,7 @@ from anarchon_core.handoff import HandOff
 from anarchon_core.stores.memory import MemoryStore
 from anarchon_dramatiq import Anarchon, ScheduleError, every
 from anarchon_dramatiq.broker_store import broker_store_url
+from tests.servers import free_port
 
 
 def make_broker(**options: Any) -> tuple[StubBroker, Anarchon]:
@@ -255,3 +257,27 @@ def test_a_worker_shutting_down_closes_the_stores_it_tracked_with(
     tracking.after_worker_shutdown(broker, None)  # type: ignore[arg-type]
     assert len(closed) == 1
     assert executions.running() == []
+
+
+def test_a_store_that_cannot_be_reached_is_waited_out_and_said_at_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    port = free_port()
+    url = f"redis://:hunter2@127.0.0.1:{port}/0?socket_connect_timeout=1"
+    broker = StubBroker()
+    middleware = Anarchon(store=url)
+    broker.add_middleware(middleware)
+    dramatiq.actor(noop, broker=broker, schedule=every(10))
+    caplog.set_level("INFO", logger="anarchon_core.probes")
+    said = f"anarchon: the store redis://:***@127.0.0.1:{port}/0?socket_connect_timeout=1 has"
+    middleware.after_worker_boot(broker, None)  # type: ignore[arg-type]
+    try:
+        deadline = time.monotonic() + 20
+        while said not in caplog.text and time.monotonic() < deadline:
+            time.sleep(0.1)
+        errors = [r for r in caplog.records if r.name == "anarchon_core.probes"]
+        assert errors and errors[0].levelname == "ERROR", caplog.text
+        assert "since this scheduler started" in errors[0].getMessage()
+        assert "hunter2" not in caplog.text
+    finally:
+        middleware.before_worker_shutdown(broker, None)  # type: ignore[arg-type]

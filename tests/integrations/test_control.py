@@ -65,7 +65,7 @@ class Celery:
 
     def start(self, pods: Pods) -> None:
         def started(beat: str) -> bool:
-            return re.search(r"anarchon: \d+ entries, store", pods.log(beat)) is not None
+            return re.search(r"anarchon: \d+ entr.*, store ", pods.log(beat)) is not None
 
         pods.worker("w1", beat=False, concurrency=2)
         for name in self.BEATS:

@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from anarchon_core import ConfigurationError, FakeClock, Scheduler
 from anarchon_core.metrics import Metrics
-from anarchon_core.probes import ProbeServer, check_port, serve, serve_beside
+from anarchon_core.probes import OutageLog, ProbeServer, check_port, serve, serve_beside
 from anarchon_core.scheduler import LOOP_STALL
 from anarchon_core.stores.memory import MemoryStore
 from tests.servers import free_port
@@ -120,8 +120,11 @@ def test_readyz_fails_while_the_store_does_not_answer_and_healthz_passes() -> No
             ready = ask(server.port, "/readyz")
             assert ready.status == 503, attempt
             assert ready.body == "failing: the store does not answer\n"
-            # The loop itself steps: alive, so the kubelet must not restart it.
-            assert ask(server.port, "/healthz").status == 200
+            # The loop itself steps: alive, so the kubelet must not restart it;
+            # its body says so without reading as if the store were fine.
+            live = ask(server.port, "/healthz")
+            assert live.status == 200
+            assert live.body == "ok: live; store down: no slot is claimed until it answers\n"
             clock.advance(3)  # past the longest back-off
         metrics = ask(server.port, "/metrics")
         assert metrics.status == 200
@@ -323,3 +326,43 @@ def test_every_entry_point_takes_port_zero_as_any_free_port(
         assert ask(server.port, "/healthz").status in (200, 503)
     finally:
         server.close()
+
+
+def test_a_store_that_never_answered_is_said_at_error_at_once_then_every_minute(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = FakeClock(START)
+    port = free_port()
+    closed = f"redis://:hunter2@127.0.0.1:{port}/0?socket_connect_timeout=1&socket_timeout=1"
+    scheduler = _scheduler(clock, closed)
+    outage = OutageLog(scheduler, closed)
+    caplog.set_level("INFO", logger="anarchon_core.probes")
+
+    def said() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.name == "anarchon_core.probes"]
+
+    try:
+        outage.check()
+        assert said() == []  # the loop has not stepped: nothing known yet
+        scheduler.run_pending()
+        outage.check()
+        assert said() == [
+            f"anarchon: the store redis://:***@127.0.0.1:{port}/0?socket_connect_timeout=1"
+            "&socket_timeout=1 has not answered for 0s, since this scheduler started: no slot"
+            " is claimed or sent until it does (waiting for it; check the URL and that the"
+            " store is up)"
+        ]
+        assert all(r.levelname == "ERROR" for r in caplog.records if r.name.endswith("probes"))
+        for _ in range(20):  # 58 s more of the outage: said once so far
+            clock.advance(2.9)
+            scheduler.run_pending()
+            outage.check()
+        assert len(said()) == 1
+        clock.advance(3)
+        scheduler.run_pending()
+        outage.check()
+        assert len(said()) == 2
+        assert "has not answered for 1m00s, since this scheduler started" in said()[1]
+        assert "hunter2" not in caplog.text
+    finally:
+        scheduler.stop(timeout=0)
