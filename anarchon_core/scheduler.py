@@ -174,11 +174,6 @@ class Scheduler:
         """What makes a stored schedule's handler here (see the ``resolve`` parameter)."""
         return self._stored.resolve
 
-    @resolve.setter
-    def resolve(self, resolve: Resolve) -> None:
-        # Kept while integrations assign it; the constructor's parameter replaces this.
-        self._stored.resolve = resolve
-
     # -- declaring jobs -------------------------------------------------
 
     def job(

@@ -613,14 +613,6 @@ class Store(abc.ABC):
 
     # -- helpers for implementations ----------------------------------------
 
-    #: :func:`refusal`, under its former name (the engine still calls it so).
-    _refusal = staticmethod(refusal)
-
-    @staticmethod
-    def _lost(slot_ms: int, holder: JobState | None) -> Claim:
-        """:func:`lost`."""
-        return lost(slot_ms, holder)
-
     @staticmethod
     def _job_state(row: Sequence[Any]) -> JobState:
         """A record from a database row of its fields, in order."""
