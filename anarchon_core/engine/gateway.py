@@ -10,10 +10,11 @@ handled once, here:
   other than a bug, which is then retried item by item) fails those jobs
   alone, reported once as ``store_refused``; when every item failed alike,
   the step fails as for an outage, once;
-- a **bug** (:data:`BUGS`: an error of code, not of I/O) is neither: it is
-  logged at ERROR with its traceback, and the job concerned is left alone
-  here (no store call about it any more) until it is declared again. No
-  event kind fits a bug, and retrying it would only repeat it.
+- a **bug** (:func:`~anarchon_core.errors.is_bug`: an error of code, not of
+  I/O) is neither: it is logged at ERROR with its traceback, and the job
+  concerned is left alone here (no store call about it any more) until it
+  is declared again. No event kind fits a bug, and retrying it would only
+  repeat it.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
-from ..errors import BatchRefused, StoreUnavailable
+from ..errors import BatchRefused, StoreUnavailable, is_bug
 from ..events import Emitter, EventKind
 from ..store import Change, Claim, ClaimRequest, JobState, Store
 
@@ -34,21 +35,6 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 R = TypeVar("R")
-
-#: Errors of code, whoever raised them: never an answer of the store, never retried.
-#: Any other error (a driver's, a server's) counts as today: an outage or a refusal.
-BUGS: tuple[type[Exception], ...] = (
-    TypeError,
-    AttributeError,
-    LookupError,
-    AssertionError,
-    NameError,
-)
-
-
-def is_bug(exc: BaseException) -> bool:
-    """Whether ``exc`` is a programming error rather than the store's answer or outage."""
-    return isinstance(exc, BUGS)
 
 
 def describe(exc: BaseException) -> str:
@@ -167,8 +153,10 @@ class Gateway:
             return self.store.takeover(
                 job.name, record.slot_ms, self._instance, job.options.lease, record.token
             )
-        except BUGS as bug:
-            self._broken(rt, bug)
+        except Exception as exc:
+            if not is_bug(exc):
+                raise
+            self._broken(rt, exc)
             return None
 
     def _broken(self, rt: JobRuntime, bug: Exception) -> None:

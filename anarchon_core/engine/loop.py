@@ -18,12 +18,12 @@ import time
 from collections.abc import Callable
 
 from ..deferral import StepGuard
-from ..errors import StoreUnavailable
+from ..errors import StoreUnavailable, is_bug
 from ..events import EventKind, Health
 from .backups import Backups
 from .claims import Claims
 from .context import Context
-from .gateway import describe, is_bug
+from .gateway import describe
 from .registry import Registry
 from .requests import Requests
 from .runs import Runs
@@ -145,7 +145,7 @@ class Loop:
         refusing writes without replicas) changed nothing, as for an
         unreachable one: completions stay queued, leases run out by their
         deadline, and the step is retried. A bug (see
-        :mod:`~anarchon_core.engine.gateway`) is no outage: it is logged with
+        :func:`~anarchon_core.errors.is_bug`) is no outage: it is logged with
         its traceback and the step is tried again after the longest back-off.
         """
         now_mono = self._ctx.clock.monotonic()
