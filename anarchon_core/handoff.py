@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import ConfigurationError, DispatchFailed, is_bug
 from .errors import SkipWork as SkipWork  # defined with every error; importable here as before
-from .store import RunState, Store
+from .store import LeaseStore, RunState, Store
 from .urls import open_store
 
 if TYPE_CHECKING:
@@ -232,7 +232,9 @@ def store_for(url: str, namespace: str) -> Store:
 class ExecutionLease:
     """The lease of one slot's work, as the worker executing it holds it."""
 
-    def __init__(self, store: Store, ticket: HandOff, executions: Executions | None = None) -> None:
+    def __init__(
+        self, store: LeaseStore, ticket: HandOff, executions: Executions | None = None
+    ) -> None:
         self.ticket = ticket
         self.store = store
         self._executions = executions if executions is not None else EXECUTIONS
@@ -318,7 +320,10 @@ def take(url: str, ticket: HandOff) -> ExecutionLease:
     same way, and logged as an error with its traceback, not as an outage.
     """
     try:
-        lease = ExecutionLease(store_for(url, ticket.namespace), ticket)
+        store = store_for(url, ticket.namespace)
+        if not isinstance(store, LeaseStore):  # only work sent tracked comes here
+            raise TypeError(f"{type(store).__name__} keeps no lease: the work cannot be taken")
+        lease = ExecutionLease(store, ticket)
         current = lease.pick_up()
     except Exception as exc:  # the store cannot tell, so the work is skipped
         if is_bug(exc):

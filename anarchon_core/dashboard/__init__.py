@@ -29,7 +29,7 @@ from typing import Any
 
 from ..control import Control, JobPaused, UnknownJob
 from ..errors import ConfigurationError
-from ..store import HELD_STATES, RunRecord, Store, holders
+from ..store import HELD_STATES, RegistryStore, RunRecord, Store, holders
 from ..urls import scrub, secrets_in
 
 StartResponse = Callable[[str, list[tuple[str, str]]], Any]
@@ -173,7 +173,7 @@ class Dashboard:
         now = self._clock()
         paused = self.control.paused()
         jobs, total = self.control.listing(MAX_JOBS, paused)
-        instances = self.store.instances() if self.store.keeps_registry else []
+        instances = self.store.instances() if isinstance(self.store, RegistryStore) else []
         holds = holders({status.job: status.state for status in jobs})
         shown_jobs = []
         for status in jobs:
@@ -201,7 +201,7 @@ class Dashboard:
             "now": now,
             "paused_namespace": paused.namespace,
             "actions": self._token is not None,
-            "registry": self.store.keeps_registry,
+            "registry": isinstance(self.store, RegistryStore),
             "jobs": shown_jobs,
             "more_jobs": total - len(jobs),
             "instances": [

@@ -111,7 +111,7 @@ class Answers:
 
     def back_up(self, rt: JobRuntime, holder: JobState) -> None:
         """Become the backup of ``holder``'s run, if the store keeps leases and it needs one."""
-        if self._ctx.gateway.leases and rt.broken is None and rt.backs_up(holder):
+        if self._ctx.gateway.leases is not None and rt.broken is None and rt.backs_up(holder):
             slot = Slot.from_ms(rt.job.name, holder.slot_ms)
             rt.backup = Backup.of(slot, holder, self._ctx.clock.monotonic(), rt.options)
 
