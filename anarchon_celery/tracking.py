@@ -34,9 +34,9 @@ from celery.app.task import Task
 from celery.exceptions import Ignore, Retry
 
 from anarchon_core import RunState
+from anarchon_core.errors import SkipWork
 from anarchon_core.handoff import (
     HandOff,
-    SkipWork,
     close_stores,
     release_all,
     take,

@@ -29,9 +29,16 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from typing import Any, TextIO, TypeVar
 
-from .control import OPTIONS, Control, Definition, JobPaused, UnknownJob
+from .control import OPTIONS, Control, Definition
 from .durations import parse_duration
-from .errors import AnarchonError, ConfigurationError, Conflict, StoreUnavailable
+from .errors import (
+    AnarchonError,
+    ConfigurationError,
+    Conflict,
+    JobPaused,
+    StoreUnavailable,
+    UnknownJob,
+)
 from .schedules import from_ms
 from .store import HISTORY, JobState, LeaseStore, RegistryStore, RunState, Store, holders
 from .urls import open_store, redact, scrub, secrets_in

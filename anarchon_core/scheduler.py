@@ -134,7 +134,6 @@ class Scheduler:
         self._emit = Emitter(instance=self.instance, namespace=self.namespace, logger=log)
         if listener:
             self._emit.add_listener(listener)
-        #: Read by metrics.py until it reads :attr:`clock`.
         self._clock: Clock = clock or SystemClock()
         self._wire(inline, seed, resolve, owns_store)
 

@@ -27,8 +27,8 @@ from datetime import datetime, timezone
 from importlib import resources
 from typing import Any
 
-from ..control import Control, JobPaused, UnknownJob
-from ..errors import ConfigurationError
+from ..control import Control
+from ..errors import ConfigurationError, JobPaused, UnknownJob
 from ..store import HELD_STATES, RegistryStore, RunRecord, Store, holders
 from ..urls import scrub, secrets_in
 
