@@ -32,6 +32,7 @@ from anarchon_core.control import Definition
 from anarchon_core.handoff import DEFAULT_PICKUP, HandOff, dispatch
 from anarchon_core.probes import OutageLog, ProbeServer, serve_beside
 from anarchon_core.scheduler import MAX_SLEEP
+from anarchon_core.store import LeaseStore
 from anarchon_core.urls import redact
 
 from .entries import EntryJobs, ScheduledEntry, check_entry, entry_fields
@@ -185,7 +186,7 @@ class Scheduler(celery_beat.Scheduler):  # type: ignore[misc]
         entries = self._start_engine(settings)
         engine = entries.engine
         self._outage = OutageLog(engine, store_url(self.app))
-        if settings.tracking and engine.store.supports_lease:
+        if settings.tracking and isinstance(engine.store, LeaseStore):
             self.workers = WorkerCheck(self.app).start()
         if settings.metrics_port is not None:
             self._probes = serve_beside(engine, settings.metrics_port, settings.metrics_host)

@@ -34,10 +34,9 @@ from celery.app.task import Task
 from celery.exceptions import Ignore, Retry
 
 from anarchon_core import RunState
-from anarchon_core.errors import is_bug
+from anarchon_core.errors import SkipWork, is_bug
 from anarchon_core.handoff import (
     HandOff,
-    SkipWork,
     close_stores,
     note_stray,
     release_all,

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .peers import ANNOUNCE_EVERY
-from .store import Store
+from .store import RegistryStore, Store
 
 #: An instance whose registry record is older than this (seconds) counts as stalled.
 LIVE_WITHIN = 2 * ANNOUNCE_EVERY + 2.0
@@ -56,7 +56,7 @@ def check(
     """
     store.ping()
     found = [Finding("store", True, "answers")]
-    if (host is not None or instance is not None) and store.keeps_registry:
+    if (host is not None or instance is not None) and isinstance(store, RegistryStore):
         found.append(_loop(store, host, instance))
     for job in jobs:
         found.append(_job(store, job, now, max_late))

@@ -29,12 +29,19 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from typing import Any, TextIO, TypeVar
 
-from .control import OPTIONS, Control, Definition, JobPaused, UnknownJob
+from .control import OPTIONS, Control, Definition
 from .durations import parse_duration
-from .errors import AnarchonError, ConfigurationError, Conflict, StoreUnavailable
+from .errors import (
+    AnarchonError,
+    ConfigurationError,
+    Conflict,
+    JobPaused,
+    StoreUnavailable,
+    UnknownJob,
+)
 from .handoff import stray_sends
 from .schedules import from_ms
-from .store import HISTORY, JobState, RunState, Store, holders
+from .store import HISTORY, JobState, LeaseStore, RegistryStore, RunState, Store, holders
 from .urls import open_store, redact, scrub, secrets_in
 
 T = TypeVar("T")
@@ -52,7 +59,7 @@ def status(store: Store, out: TextIO) -> int:
     """
     names = store.jobs()
     if not names:
-        if store.supports_lease:
+        if isinstance(store, LeaseStore):
             print(f"no jobs recorded in namespace {store.namespace!r}", file=out)
             if store.namespace == "default":
                 # The usual reason: the jobs live in the namespace an integration chose.
@@ -64,7 +71,7 @@ def status(store: Store, out: TextIO) -> int:
                 )
         else:
             print(f"{type(store).__name__} records no jobs (it only takes claims)", file=out)
-        if store.keeps_registry:  # instances up before their first slot
+        if isinstance(store, RegistryStore):  # instances up before their first slot
             instances(store, {}, out)
         return 0
     states = store.states(names)
@@ -81,7 +88,7 @@ def status(store: Store, out: TextIO) -> int:
         row = (name, slot, state.owner, str(state.attempt), state.state.value, lease)
         rows.append(row)
     _table(rows, out)
-    if store.keeps_registry:
+    if isinstance(store, RegistryStore):
         instances(store, states, out)
     strays(store, out)
     return len(rows) - 1

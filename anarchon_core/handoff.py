@@ -36,7 +36,7 @@ from .clock import SystemClock
 from .control import DEFINED
 from .errors import ConfigurationError, Conflict, DispatchFailed, is_bug
 from .errors import SkipWork as SkipWork  # defined with every error; importable here as before
-from .store import RunState, Store
+from .store import ControlStore, LeaseStore, RunState, Store
 from .urls import open_store
 
 if TYPE_CHECKING:
@@ -204,12 +204,13 @@ class Executions:
             known = key in self._scheduled
         if not known:
             # Recorded (a slot of it ran) or stored (a schedule defined at run time).
-            stored = store.keeps_controls and DEFINED + job in store.controls(DEFINED + job)
+            controls = isinstance(store, ControlStore)
+            stored = controls and DEFINED + job in store.controls(DEFINED + job)
             if store.state(job) is None and not stored:
                 return None  # not anarchon's job, or not yet: asked again next time
             with self._lock:
                 self._scheduled.add(key)
-        if store.keeps_controls:
+        if isinstance(store, ControlStore):
             _count_stray(store, job, sender, SystemClock().time())
         with self._lock:
             first = key not in self._said_stray
@@ -268,7 +269,9 @@ def store_for(url: str, namespace: str) -> Store:
 class ExecutionLease:
     """The lease of one slot's work, as the worker executing it holds it."""
 
-    def __init__(self, store: Store, ticket: HandOff, executions: Executions | None = None) -> None:
+    def __init__(
+        self, store: LeaseStore, ticket: HandOff, executions: Executions | None = None
+    ) -> None:
         self.ticket = ticket
         self.store = store
         self._executions = executions if executions is not None else EXECUTIONS
@@ -354,7 +357,10 @@ def take(url: str, ticket: HandOff) -> ExecutionLease:
     same way, and logged as an error with its traceback, not as an outage.
     """
     try:
-        lease = ExecutionLease(store_for(url, ticket.namespace), ticket)
+        store = store_for(url, ticket.namespace)
+        if not isinstance(store, LeaseStore):  # only work sent tracked comes here
+            raise TypeError(f"{type(store).__name__} keeps no lease: the work cannot be taken")
+        lease = ExecutionLease(store, ticket)
         current = lease.pick_up()
     except Exception as exc:  # the store cannot tell, so the work is skipped
         if is_bug(exc):
@@ -422,7 +428,7 @@ def _count_stray(store: Store, job: str, sender: str, now: float) -> None:
 
 def stray_sends(store: Store) -> list[StraySends]:
     """Per job, the sends counted by :func:`note_stray` in ``store``'s namespace, by name."""
-    if not store.keeps_controls:
+    if not isinstance(store, ControlStore):
         return []
     found = []
     for key, (_, text) in sorted(store.controls(STRAY).items()):

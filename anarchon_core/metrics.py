@@ -21,6 +21,7 @@ from .errors import MissingDependency
 from .events import Event, EventKind
 from .handoff import stray_sends
 from .slots import Slot
+from .store import LeaseStore
 
 if TYPE_CHECKING:
     from .scheduler import Scheduler
@@ -231,7 +232,11 @@ class _Gauges:
             labels=labels,
         )
         try:
-            stats = scheduler.store.stats(list(upcoming)) if scheduler.store.supports_lease else {}
+            stats = (
+                scheduler.store.stats(list(upcoming))
+                if isinstance(scheduler.store, LeaseStore)
+                else {}
+            )
         except Exception:  # the store does not answer: the gauge is left out this time
             stats = {}
         for job, counts in sorted(stats.items()):

@@ -134,7 +134,6 @@ class Scheduler:
         self._emit = Emitter(instance=self.instance, namespace=self.namespace, logger=log)
         if listener:
             self._emit.add_listener(listener)
-        #: Read by metrics.py until it reads :attr:`clock`.
         self._clock: Clock = clock or SystemClock()
         self._wire(inline, seed, resolve, owns_store)
 
@@ -179,11 +178,6 @@ class Scheduler:
     def resolve(self) -> Resolve:
         """What makes a stored schedule's handler here (see the ``resolve`` parameter)."""
         return self._stored.resolve
-
-    @resolve.setter
-    def resolve(self, resolve: Resolve) -> None:
-        # Kept while integrations assign it; the constructor's parameter replaces this.
-        self._stored.resolve = resolve
 
     # -- declaring jobs -------------------------------------------------
 

@@ -53,7 +53,7 @@ import enum
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from .errors import BatchRefused, ConfigurationError
 from .names import check_name, check_namespace
@@ -375,32 +375,6 @@ class Store(abc.ABC):
     helpers below are for implementations only.
     """
 
-    # The flags below are kept for the engine and the tools until they check
-    # the store's type; each is derived from the type, never set.
-
-    @property
-    def supports_lease(self) -> bool:
-        """Whether the store keeps leases: ``isinstance(store, LeaseStore)``."""
-        return isinstance(self, LeaseStore)
-
-    @property
-    def keeps_registry(self) -> bool:
-        """Whether the store keeps a registry: ``isinstance(store, RegistryStore)``."""
-        return isinstance(self, RegistryStore)
-
-    @property
-    def keeps_controls(self) -> bool:
-        """Whether the store keeps pause marks and controls: ``isinstance(store, ControlStore)``."""
-        return isinstance(self, ControlStore)
-
-    @property
-    def leases_by_observation(self) -> bool:
-        """Whether a lease's end is measured from when the reader first saw the record
-        (NATS: no server clock) rather than by the store's clock: a record left running
-        long ago then looks live to an instance that just started
-        (``isinstance(store, LeasesByObservation)``)."""
-        return isinstance(self, LeasesByObservation)
-
     def __init__(self, *, namespace: str) -> None:
         """Bind the store to ``namespace``: 1-100 letters, digits, ``_``, ``-``, ``.`` or ``:``.
 
@@ -593,33 +567,10 @@ class Store(abc.ABC):
     def close(self) -> None:  # noqa: B027 - most stores have nothing to close
         """Release connections this store opened itself."""
 
-    if TYPE_CHECKING:
-        # For the type checker only, until the engine and the hand-off narrow a
-        # store to LeaseStore before these calls (it checks supports_lease
-        # instead): at run time a LeaseStore has them, and a ClaimOnlyStore
-        # only the ones the engine sends it whatever the store (see there).
-
-        def change_many(self, changes: Sequence[Change]) -> list[bool]: ...
-        def takeover(
-            self, job: str, slot_ms: int, owner: str, lease: float, seen_token: int
-        ) -> Claim: ...
-        def renew(self, job: str, token: int, lease: float) -> bool: ...
-        def dispatch(self, job: str, token: int, pickup: float) -> bool: ...
-        def finish(self, job: str, token: int, outcome: RunState) -> bool: ...
-        def release(self, job: str, token: int) -> bool: ...
-
     def __repr__(self) -> str:
         return f"<{type(self).__name__} namespace={self.namespace!r}>"
 
     # -- helpers for implementations ----------------------------------------
-
-    #: :func:`refusal`, under its former name (the engine still calls it so).
-    _refusal = staticmethod(refusal)
-
-    @staticmethod
-    def _lost(slot_ms: int, holder: JobState | None) -> Claim:
-        """:func:`lost`."""
-        return lost(slot_ms, holder)
 
     @staticmethod
     def _job_state(row: Sequence[Any]) -> JobState:
@@ -768,8 +719,10 @@ class ClaimOnlyStore(Store):
     """A store that picks the one winner of each slot and records nothing else.
 
     Subclasses implement :meth:`claim_many`. There is no lease: a won claim
-    runs with nothing to renew, hand over or take over, and nothing is read
-    back. It is no :class:`LeaseStore`: it has no ``renew`` nor ``takeover``.
+    runs with nothing to renew, hand off, finish, hand over or take over, and
+    nothing is read back. It is no :class:`LeaseStore`: it has none of those
+    steps, and the engine sends it none (a run's end is told by its event
+    alone).
     """
 
     def states(self, jobs: Iterable[str]) -> dict[str, JobState]:
@@ -783,31 +736,3 @@ class ClaimOnlyStore(Store):
     def jobs(self) -> list[str]:
         """Empty: no job record is kept."""
         return []
-
-    # Kept for the engine and the tools until they check the store's type: the
-    # engine records the end of every run through change_many, hands a
-    # dispatcher's run off through dispatch and gives a late claim back through
-    # release, whatever the store, and callers finish what they claimed. Nothing
-    # is recorded, so each answers True as it always has; a renewal is never
-    # sent to a store without a lease, and is refused as the bug it is.
-
-    def change_many(self, changes: Sequence[Change]) -> list[bool]:
-        """``True`` for each end or hand-off: nothing is recorded (see above)."""
-        for change in changes:
-            if change.state is RunState.RUNNING:
-                raise TypeError(f"{type(self).__name__} keeps no lease: nothing to renew")
-        return [True] * len(changes)
-
-    def dispatch(self, job: str, token: int, pickup: float) -> bool:
-        """``True``: there is no lease to hand off (see above)."""
-        return True
-
-    def finish(self, job: str, token: int, outcome: RunState) -> bool:
-        """``True`` for ``done`` or ``failed`` (else ``ValueError``): the end is not recorded."""
-        if outcome not in (RunState.DONE, RunState.FAILED):
-            raise ValueError(f"a run finishes as done or failed, not {outcome.value}")
-        return True
-
-    def release(self, job: str, token: int) -> bool:
-        """``True``: there is nothing to hand over (see above)."""
-        return True

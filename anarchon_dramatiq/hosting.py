@@ -35,6 +35,7 @@ from anarchon_core.jobs import DISPATCH_JITTER
 from anarchon_core.metrics import Metrics
 from anarchon_core.names import check_namespace
 from anarchon_core.probes import OutageLog, ProbeServer, check_port, serve_beside
+from anarchon_core.store import LeaseStore
 from anarchon_core.urls import redact
 
 from .broker_store import broker_store_url
@@ -215,7 +216,7 @@ class SchedulerHost(Middleware):
             engine,
             run,
             pickup=self.pickup,
-            tracked=engine.store.supports_lease,
+            tracked=isinstance(engine.store, LeaseStore),
             prepare=prepare,
             send=broker.enqueue,
             broker_errors=BROKER_ERRORS,

@@ -19,7 +19,8 @@ from dramatiq import Broker, Middleware, Worker
 from dramatiq.middleware import Retries, SkipMessage
 
 from anarchon_core import RunState
-from anarchon_core.handoff import ExecutionLease, SkipWork, close_stores, take, tracked_ticket
+from anarchon_core.errors import SkipWork
+from anarchon_core.handoff import ExecutionLease, close_stores, take, tracked_ticket
 
 from .broker_store import broker_store_url
 

@@ -274,8 +274,8 @@ def top_frames(profile: Path, count: int = 15) -> list[str]:
     skip = (
         "Thread.",
         "_bootstrap",
-        "Scheduler._loop",
-        "Scheduler.run_pending",
+        "Loop._run",
+        "Loop.run_pending",
         "<module>",
         "count_calls",
     )

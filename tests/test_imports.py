@@ -28,16 +28,10 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("anarchon_core", "anarchon_celery", "anarchon_dramatiq")
 
-#: Cycles known when the checks began to count imports inside functions, each
-#: to be broken by the store contract's rework (then removed from here): the
-#: store's base class checks namespaces through urls.py, which imports the store.
-KNOWN_CYCLES: set[frozenset[str]] = {
-    frozenset({"anarchon_core.store", "anarchon_core.urls"}),
-}
-#: Private names used across modules, known in the same way: (user, name used).
-KNOWN_PRIVATE: set[tuple[str, str]] = {
-    ("anarchon_core.scheduler", "anarchon_core.store.Store._refusal"),
-}
+#: Cycles tolerated for a while (each to be broken, then removed from here): none.
+KNOWN_CYCLES: set[frozenset[str]] = set()
+#: Private names used across modules, tolerated in the same way (user, name used): none.
+KNOWN_PRIVATE: set[tuple[str, str]] = set()
 
 
 def modules(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
@@ -230,6 +224,36 @@ def private_uses(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> lis
     return uses
 
 
+def reexports(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> dict[str, set[str]]:
+    """Per module, the names it only re-exports (``from .x import name as name``): kept
+    importable from there for users, never imported from there by our own code."""
+    found = modules(root, packages)
+    result: dict[str, set[str]] = {}
+    for name, path in found.items():
+        for node in ast.walk(_parse(path)):
+            if isinstance(node, ast.ImportFrom):
+                for alias in node.names:
+                    if alias.asname == alias.name:
+                        result.setdefault(name, set()).add(alias.name)
+    return result
+
+
+def reexport_uses(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> list[PrivateUse]:
+    """Where a module imports a name from a module that only re-exports it."""
+    found = modules(root, packages)
+    shims = reexports(root, packages)
+    uses: list[PrivateUse] = []
+    for name, path in found.items():
+        for node in runtime_imports(_parse(path)):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            base = _base(name, path, node)
+            for alias in node.names:
+                if alias.name in shims.get(base, set()) and base != name:
+                    uses.append(PrivateUse(name, f"{base}.{alias.name}", node.lineno))
+    return uses
+
+
 # -- the checks --------------------------------------------------------------
 
 
@@ -270,6 +294,11 @@ def test_no_module_uses_the_private_names_of_another() -> None:
 def test_the_known_private_uses_still_exist() -> None:
     present = {(u.user, u.name) for u in private_uses()}
     assert present >= KNOWN_PRIVATE, f"gone, remove them: {KNOWN_PRIVATE - present}"
+
+
+def test_our_code_imports_each_name_from_where_it_is_defined() -> None:
+    found = reexport_uses()
+    assert found == [], "names imported from a re-export: " + "; ".join(map(str, found))
 
 
 # -- the checks check --------------------------------------------------------
@@ -330,6 +359,21 @@ def test_a_private_name_used_across_modules_is_found(
         },
     )
     assert [(u.user, u.name) for u in private_uses(tmp_path, packages)] == [("pkg.b", name)]
+
+
+def test_an_import_from_a_re_export_is_found(tmp_path: Path) -> None:
+    packages = _package(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/a.py": "VALUE = 1\n",
+            "pkg/b.py": "from .a import VALUE as VALUE  # importable here as before\n",
+            "pkg/c.py": "from .b import VALUE\nfrom .a import VALUE as OTHER\n",
+        },
+    )
+    assert [(u.user, u.name) for u in reexport_uses(tmp_path, packages)] == [
+        ("pkg.c", "pkg.b.VALUE")
+    ]
 
 
 def test_public_names_self_and_dunders_are_not_private_uses(tmp_path: Path) -> None:

@@ -31,10 +31,10 @@ from datetime import datetime, timezone
 from importlib import resources
 from typing import Any
 
-from ..control import MANUAL, Control, JobPaused, UnknownJob
-from ..errors import ConfigurationError
+from ..control import MANUAL, Control
+from ..errors import ConfigurationError, JobPaused, UnknownJob
 from ..handoff import stray_sends
-from ..store import HELD_STATES, RunRecord, Store, holders
+from ..store import HELD_STATES, ControlStore, RegistryStore, RunRecord, Store, holders
 from ..urls import scrub, secrets_in
 
 StartResponse = Callable[[str, list[tuple[str, str]]], Any]
@@ -178,7 +178,7 @@ class Dashboard:
         now = self._clock()
         paused = self.control.paused()
         jobs, total = self.control.listing(MAX_JOBS, paused)
-        instances = self.store.instances() if self.store.keeps_registry else []
+        instances = self.store.instances() if isinstance(self.store, RegistryStore) else []
         holds = holders({status.job: status.state for status in jobs})
         manual = self._manual_slots()
         shown_jobs = []
@@ -208,7 +208,7 @@ class Dashboard:
             "now": now,
             "paused_namespace": paused.namespace,
             "actions": self._token is not None,
-            "registry": self.store.keeps_registry,
+            "registry": isinstance(self.store, RegistryStore),
             "jobs": shown_jobs,
             "more_jobs": total - len(jobs),
             "strays": [asdict(sent) for sent in stray_sends(self.store)],
@@ -232,7 +232,7 @@ class Dashboard:
         They are slots of their own, off the job's schedule: neither a gap
         between scheduled slots nor a step of the schedule.
         """
-        if not self.store.keeps_controls:
+        if not isinstance(self.store, ControlStore):
             return {}
         found: dict[str, set[int]] = {}
         for key in self.store.controls(MANUAL):

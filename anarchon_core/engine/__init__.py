@@ -5,10 +5,11 @@
 - :mod:`.table`: the jobs declared here and what this instance knows of each,
   behind the only lock;
 - :mod:`.gateway`: the store as the engine calls it: what it can do (read
-  once), and the batch calls with their per-item answers, refusals, outages
+  once, from its type), and the batch calls with their per-item answers, refusals, outages
   and bugs;
 - :mod:`.loop`: the scheduling thread, one step's phases in order, back-off,
-  health, stopping and the step guard;
+  health, and stopping (a stop asked inside a step waits for its end, through
+  :class:`~anarchon_core.deferral.StepGuard`);
 - :mod:`.claims`: placing jobs on their schedule, the claims due in one batch,
   and the one place that acts on a claim's answer;
 - :mod:`.runs`: beginning, executing, renewing and finishing runs, and

@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 from ..events import EventKind
 from ..roles import Backup, JobRuntime
 from ..slots import Slot
-from ..store import Claim, ClaimStatus, JobState, Store
+from ..store import Claim, ClaimStatus, JobState, refusal
 from .context import Context
 from .runs import Runs
 
@@ -111,7 +111,7 @@ class Answers:
 
     def back_up(self, rt: JobRuntime, holder: JobState) -> None:
         """Become the backup of ``holder``'s run, if the store keeps leases and it needs one."""
-        if self._ctx.gateway.leases and rt.broken is None and rt.backs_up(holder):
+        if self._ctx.gateway.leases is not None and rt.broken is None and rt.backs_up(holder):
             slot = Slot.from_ms(rt.job.name, holder.slot_ms)
             rt.backup = Backup.of(slot, holder, self._ctx.clock.monotonic(), rt.options)
 
@@ -269,9 +269,8 @@ class Claims:
                 if isinstance(record, Exception):
                     answers[i] = record
                 else:
-                    # The store's own rule for a claim's refusal (a private helper of
-                    # Store's, until it has a public name).
-                    answers[i] = Store._refusal(batch[i][1].ms, record)
+                    # The store's own rule for a claim's refusal.
+                    answers[i] = refusal(batch[i][1].ms, record)
         rest = [i for i, answer in enumerate(answers) if answer is None]
         if rest:
             jobs = [batch[i][0] for i in rest]

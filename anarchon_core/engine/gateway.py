@@ -10,10 +10,11 @@ handled once, here:
   other than a bug, which is then retried item by item) fails those jobs
   alone, reported once as ``store_refused``; when every item failed alike,
   the step fails as for an outage, once;
-- a **bug** (:data:`BUGS`: an error of code, not of I/O) is neither: it is
-  logged at ERROR with its traceback, and the job concerned is left alone
-  here (no store call about it any more) until it is declared again. No
-  event kind fits a bug, and retrying it would only repeat it.
+- a **bug** (:func:`~anarchon_core.errors.is_bug`: an error of code, not of
+  I/O) is neither: it is logged at ERROR with its traceback, and the job
+  concerned is left alone here (no store call about it any more) until it
+  is declared again. No event kind fits a bug, and retrying it would only
+  repeat it.
 """
 
 from __future__ import annotations
@@ -22,9 +23,19 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
-from ..errors import BatchRefused, StoreUnavailable
+from ..errors import BatchRefused, StoreUnavailable, is_bug
 from ..events import Emitter, EventKind
-from ..store import Change, Claim, ClaimRequest, JobState, Store
+from ..store import (
+    Change,
+    Claim,
+    ClaimRequest,
+    ControlStore,
+    JobState,
+    LeasesByObservation,
+    LeaseStore,
+    RegistryStore,
+    Store,
+)
 
 if TYPE_CHECKING:
     from ..roles import JobRuntime
@@ -35,21 +46,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 R = TypeVar("R")
 
-#: Errors of code, whoever raised them: never an answer of the store, never retried.
-#: Any other error (a driver's, a server's) counts as today: an outage or a refusal.
-BUGS: tuple[type[Exception], ...] = (
-    TypeError,
-    AttributeError,
-    LookupError,
-    AssertionError,
-    NameError,
-)
-
-
-def is_bug(exc: BaseException) -> bool:
-    """Whether ``exc`` is a programming error rather than the store's answer or outage."""
-    return isinstance(exc, BUGS)
-
 
 def describe(exc: BaseException) -> str:
     """An error in one line: its message, with its type when that says more."""
@@ -59,20 +55,28 @@ def describe(exc: BaseException) -> str:
 
 
 class Gateway:
-    """The store, and what it can do, read once (the parts ask these, not the store)."""
+    """The store, and what it can do, read once from its type (the parts ask these)."""
 
     def __init__(self, store: Store, emit: Emitter, instance: str) -> None:
         self.store = store
         self._emit = emit
         self._instance = instance
-        #: The store keeps leases: runs are renewed, released and taken over.
-        self.leases = store.supports_lease
+        #: The store, if it keeps leases: runs are renewed, ended, released and taken
+        #: over through it. None for a claim-only store: nothing is sent about a run
+        #: after its claim, and its end is told by its event alone.
+        self.leases: LeaseStore | None = store if isinstance(store, LeaseStore) else None
         #: The store keeps a registry of live instances (cleared once it proves unusable).
-        self.registry = store.keeps_registry
+        self.registry = isinstance(store, RegistryStore)
         #: The store keeps control entries (cleared once they prove unusable).
-        self.controls = store.keeps_controls
+        self.controls = isinstance(store, ControlStore)
         #: Leases are judged by an observer's clock: an old running record may look live.
-        self.by_observation = store.leases_by_observation
+        self.by_observation = isinstance(store, LeasesByObservation)
+
+    def lease_store(self) -> LeaseStore:
+        """The store, for a step of a lease; only asked where leases are kept."""
+        if self.leases is None:
+            raise TypeError(f"{type(self.store).__name__} keeps no lease")
+        return self.leases
 
     def claim_slots(self, due: list[tuple[JobRuntime, Slot]]) -> list[Claim]:
         """One batch of claims, each of a job's slot, for its lease."""
@@ -162,13 +166,15 @@ class Gateway:
         the job is left alone after a bug."""
         if rt.broken is not None:
             return None
-        job = rt.job
+        job, leases = rt.job, self.lease_store()
         try:
-            return self.store.takeover(
+            return leases.takeover(
                 job.name, record.slot_ms, self._instance, job.options.lease, record.token
             )
-        except BUGS as bug:
-            self._broken(rt, bug)
+        except Exception as exc:
+            if not is_bug(exc):
+                raise
+            self._broken(rt, exc)
             return None
 
     def _broken(self, rt: JobRuntime, bug: Exception) -> None:
@@ -192,8 +198,9 @@ class Gateway:
     def hand_over(self, releases: list[Change]) -> tuple[list[bool | Exception], bool]:
         """Send ``releases`` in one batch, whatever fails: each one's answer, and whether
         the store could be reached at all."""
+        leases = self.lease_store()
         try:
-            return list(self.store.change_many(releases)), True
+            return list(leases.change_many(releases)), True
         except StoreUnavailable as exc:
             return [exc] * len(releases), False
         except BatchRefused as partial:  # the others went through
@@ -202,7 +209,7 @@ class Gateway:
             answers: list[bool | Exception] = []
             for release in releases:
                 try:
-                    answers.append(self.store.change_many([release])[0])
+                    answers.append(leases.change_many([release])[0])
                 except Exception as exc:
                     answers.append(exc)
             return answers, True

@@ -6,7 +6,7 @@ with a :class:`~anarchon_core.clock.FakeClock`. A step that the store fails
 backs off (doubling, up to :data:`BACKOFF_MAX`); :meth:`Loop.health` says
 whether the loop steps and the store answers. :meth:`Loop.stop` hands every
 held run over; a stop asked from inside a step (a signal handler) waits for
-the step's end (:class:`StepGuard`).
+the step's end (:class:`~anarchon_core.deferral.StepGuard`).
 """
 
 from __future__ import annotations
@@ -15,15 +15,15 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
-from ..errors import StoreUnavailable
+from ..deferral import StepGuard
+from ..errors import StoreUnavailable, is_bug
 from ..events import EventKind, Health
 from .backups import Backups
 from .claims import Claims
 from .context import Context
-from .gateway import describe, is_bug
+from .gateway import describe
 from .registry import Registry
 from .requests import Requests
 from .runs import Runs
@@ -40,40 +40,6 @@ LOOP_STALL = 30.0
 HANDOVER_WAIT = 10.0
 #: How often :meth:`Loop.run_forever` looks whether a stop signal came.
 SIGNAL_POLL = 0.05
-
-
-class StepGuard:
-    """Marks the step under way in one thread; what is asked from inside it waits for its end.
-
-    A signal handler runs between two bytecodes of the thread it interrupts,
-    possibly inside a step that holds the store's connection: what it asks
-    (a stop, a close) is deferred to the step's end instead of blocking there.
-    """
-
-    def __init__(self) -> None:
-        self._stepping: int | None = None
-        self._deferred: list[Callable[[], None]] = []
-
-    def inside(self) -> bool:
-        """Whether the calling thread is inside a step."""
-        return self._stepping == threading.get_ident()
-
-    def defer(self, action: Callable[[], None]) -> None:
-        """Call ``action`` once the step under way ends (once, however often deferred)."""
-        if action not in self._deferred:
-            self._deferred.append(action)
-
-    @contextmanager
-    def step(self) -> Iterator[None]:
-        """One step of the calling thread; what was deferred during it runs at its end."""
-        self._stepping = threading.get_ident()
-        try:
-            yield
-        finally:
-            self._stepping = None
-            deferred, self._deferred = self._deferred, []
-            for action in deferred:
-                action()
 
 
 class Loop:
@@ -179,7 +145,7 @@ class Loop:
         refusing writes without replicas) changed nothing, as for an
         unreachable one: completions stay queued, leases run out by their
         deadline, and the step is retried. A bug (see
-        :mod:`~anarchon_core.engine.gateway`) is no outage: it is logged with
+        :func:`~anarchon_core.errors.is_bug`) is no outage: it is logged with
         its traceback and the step is tried again after the longest back-off.
         """
         now_mono = self._ctx.clock.monotonic()
@@ -251,11 +217,10 @@ class Loop:
         deadline = self._ctx.clock.monotonic() + timeout
         self.stopping.set()
         self.wake.set()
-        if self.guard.inside():
+        if self.guard.defer(self._stopped_in_step):
             # Called from within a step of this very thread (a signal handler): the
             # interrupted step may hold the store's connection, so the hand-over
             # waits for the step's end instead of blocking here.
-            self.guard.defer(self._stopped_in_step)
             return
         thread, self.thread = self.thread, None
         if thread is not None and thread is not threading.current_thread():

@@ -65,14 +65,15 @@ class Runs:
         claim could not have won).
         """
         ctx = self._ctx
-        store, token, key = ctx.gateway.store, holder.token, rt.job.name
+        leases, token, key = ctx.gateway.leases, holder.token, rt.job.name
         slot = shown(slot)  # a backfill's slot runs as its job's
         run = Run.of(
             slot,
             attempt=holder.attempt,
             token=token,
             instance=ctx.instance,
-            dispatch=lambda lease: store.dispatch(key, token, lease),
+            # Without a lease there is nothing to hand off: the run is its handler's.
+            dispatch=None if leases is None else lambda lease: leases.dispatch(key, token, lease),
             monotonic=ctx.clock.monotonic,
             key=key if key != slot.job else None,
         )
@@ -91,8 +92,10 @@ class Runs:
             self.emit_lost(runner)
             rt.runner = None
             rt.backup = Backup.of_own(runner, ctx.clock.monotonic(), rt.options)
+            if leases is None:
+                return  # a claim-only store: nothing to give back
             try:
-                store.release(key, token)
+                leases.release(key, token)
             except Exception as exc:  # its lease lapses instead; the claims after it go on
                 log.warning("anarchon: could not give %s back: %s", slot.id, describe(exc))
             return
@@ -146,8 +149,8 @@ class Runs:
         leaves the deadline where it was, so the run turns lost on time even
         if the store never answers.
         """
-        gateway = self._ctx.gateway
-        if not gateway.leases:
+        gateway, leases = self._ctx.gateway, self._ctx.gateway.leases
+        if leases is None:
             return
         due = [
             (rt, runner)
@@ -166,7 +169,7 @@ class Runs:
             Change(runner.run.key, runner.run.token, RunState.RUNNING, rt.options.lease)
             for rt, runner in due
         ]
-        answers = gateway.per_job([rt for rt, _ in due], renewals, gateway.store.change_many)
+        answers = gateway.per_job([rt for rt, _ in due], renewals, leases.change_many)
         late: list[Change] = []
         for (rt, runner), accepted in zip(due, answers, strict=True):
             run = runner.run
@@ -180,7 +183,7 @@ class Runs:
                 late.append(Change(run.key, run.token, RunState.RELEASED))
         if late:
             with contextlib.suppress(BatchRefused):  # a refused one lapses instead
-                gateway.store.change_many(late)
+                leases.change_many(late)
 
     # -- losing --------------------------------------------------------------
 
@@ -195,7 +198,7 @@ class Runs:
             runner = rt.runner
             if runner is not None and not runner.reported and runner.run.lost:
                 self.emit_lost(runner)
-                if self._ctx.gateway.leases and rt.backup is None and rt.watched:
+                if self._ctx.gateway.leases is not None and rt.backup is None and rt.watched:
                     rt.backup = Backup.of_own(runner, self._ctx.clock.monotonic(), rt.options)
 
     def emit_lost(self, runner: Runner) -> None:
@@ -221,12 +224,17 @@ class Runs:
                 self.emit_lost(done.runner)
         ends = [self._end_change(done) for done in pending]
         sent = [(done, change) for done, (change, _) in zip(pending, ends, strict=True) if change]
-        gateway = self._ctx.gateway
+        gateway, leases = self._ctx.gateway, self._ctx.gateway.leases
         try:
-            results = gateway.per_job(
-                [done.runtime for done, _ in sent],
-                [change for _, change in sent],
-                gateway.store.change_many,
+            # Nothing is sent to a claim-only store (every end there is None, below).
+            results = (
+                []
+                if leases is None
+                else gateway.per_job(
+                    [done.runtime for done, _ in sent],
+                    [change for _, change in sent],
+                    leases.change_many,
+                )
             )
         except Exception:  # kept until recorded: the step fails and is retried
             for unrecorded in pending:
@@ -254,16 +262,17 @@ class Runs:
     def _end_change(self, done: Completion) -> tuple[Change | None, bool]:
         """The change recording the end of ``done``'s run (None: nothing to send), and
         whether it releases the slot for another attempt."""
-        run, rt, leases = done.runner.run, done.runtime, self._ctx.gateway.leases
+        run, rt = done.runner.run, done.runtime
         if done.handed_off:
             return None, False  # it belongs to whoever executes the work now
+        if self._ctx.gateway.leases is None:
+            # A claim-only store records no end: the run's event is all there is.
+            return None, done.interrupted
         if done.interrupted:
             # Stopped on losing the run: released if the store still gives it to this
             # instance, so that a backup runs the slot at once; else already taken over.
-            if not leases:
-                return None, True
             return Change(run.key, run.token, RunState.RELEASED), True
-        if done.dispatch_failed and leases:
+        if done.dispatch_failed:
             lateness = done.ended_at - done.runner.slot.time.timestamp()
             if not rt.too_late(done.runner.slot, lateness):
                 # Not run, so not failed: the lease is cut to a back-off that doubles
@@ -312,7 +321,7 @@ class Runs:
         if done.dispatch_failed:
             return "recorded failed: " + (
                 "its catch-up window has passed"
-                if self._ctx.gateway.leases
+                if self._ctx.gateway.leases is not None
                 else "a claim-only store cannot release it"
             )
         return ""
@@ -328,7 +337,7 @@ class Runs:
             if runner is not None:
                 runner.run.mark_lost("handed over during shutdown")
                 held.append(runner)
-        if not held or not self._ctx.gateway.leases:
+        if not held or self._ctx.gateway.leases is None:
             return True
         releases = [Change(r.run.key, r.run.token, RunState.RELEASED) for r in held]
         answers, reached = self._ctx.gateway.hand_over(releases)

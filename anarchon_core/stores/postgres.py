@@ -93,6 +93,7 @@ from ..store import (
     RunState,
     TakeoverRequest,
     item_by_item,
+    lost,
     one_by_one,
 )
 from ..urls import redact, scrub, secrets_in
@@ -551,7 +552,7 @@ class PostgresStore(LeaseStore, RegistryStore, ControlStore):
         """The answer to a claim from its won row, or else the holder's row read after it."""
         if won:
             return Claim(ClaimStatus.WON, self._job_state(won))
-        return self._lost(slot_ms, self._job_state(found) if found else None)
+        return lost(slot_ms, self._job_state(found) if found else None)
 
     def claim_many(self, requests: Sequence[ClaimRequest], owner: str) -> list[Claim]:
         """One statement claims every job, one more reads the holders of those it lost:

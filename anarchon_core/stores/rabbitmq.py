@@ -22,10 +22,10 @@ tokens still rise with every claim of a job) and ``lease_remaining`` 0; a lost
 one reports TAKEN with no holder (the broker does not say who won).
 
 **There is no lease.** The store is a :class:`~anarchon_core.store.ClaimOnlyStore`,
-no :class:`~anarchon_core.store.LeaseStore`: it has no ``renew`` nor ``takeover``;
-the end of a run and a hand-off, which the engine sends whatever the store,
-are answered True with nothing recorded; ``states``, ``history`` and ``jobs``
-are empty: nothing is recorded but the queues. The failure scenarios of
+no :class:`~anarchon_core.store.LeaseStore`: it has no lease step (renew,
+dispatch, finish, release, takeover), and the engine sends it none: a run's
+end is told by its event alone; ``states``, ``history`` and ``jobs`` are
+empty: nothing is recorded but the queues. The failure scenarios of
 ``docs/failure-scenarios.md`` on RabbitMQ:
 
 - normal slot, N instances: exactly one runs it. **Holds.**

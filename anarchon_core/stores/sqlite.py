@@ -37,6 +37,7 @@ from ..store import (
     RunRecord,
     RunState,
     TakeoverRequest,
+    lost,
 )
 from ..urls import scrub, url_options
 from . import _sql
@@ -170,7 +171,7 @@ class SQLDialectStore(LeaseStore, RegistryStore, ControlStore):
         holder = self._job_state(read.rows[0]) if read.rows else None
         if paused.rows:
             return Claim(ClaimStatus.PAUSED, holder)
-        return self._lost(slot_ms, holder)
+        return lost(slot_ms, holder)
 
     def claim_many(self, requests: Sequence[ClaimRequest], owner: str) -> list[Claim]:
         if not requests:

@@ -524,7 +524,7 @@ def test_the_celery_settings_table_lists_what_beat_reads() -> None:
 
 
 def test_dramatiq_actor_options_in_the_docs_and_the_code_agree() -> None:
-    from anarchon_dramatiq.middleware import OPTIONS
+    from anarchon_dramatiq.declarations import OPTIONS
 
     text = (DOCS / "dramatiq.md").read_text(encoding="utf-8")
     documented = set(re.findall(r"\bschedule_[a-z_]+\b", text))

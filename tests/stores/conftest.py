@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from anarchon_core import Store, open_store
+from anarchon_core.store import LeaseStore
 from anarchon_core.stores.memory import MemoryStore
 from tests.cleanup import drop_namespace
 from tests.conftest import SERVER_STORES
@@ -66,8 +67,8 @@ def store(make_store: StoreFactory) -> Store:
 
 
 @pytest.fixture
-def lease_store(store: Store) -> Store:
+def lease_store(store: Store) -> LeaseStore:
     """A store that keeps leases; claim-only stores skip the lease tests."""
-    if not store.supports_lease:
+    if not isinstance(store, LeaseStore):
         pytest.skip(f"{type(store).__name__} is claim-only: no lease")
     return store

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from anarchon_core import RunState, open_store
+from anarchon_core.store import LeaseStore
 
 
 def race(url: str, namespace: str, index: int, rounds: int, slot: int, barrier: Any) -> list[int]:
@@ -16,7 +17,7 @@ def race(url: str, namespace: str, index: int, rounds: int, slot: int, barrier: 
             barrier.wait()
             claim = store.claim("race", slot + r, f"racer{index}", 10)
             won.append(int(claim.won))
-            if claim.won and store.supports_lease:
+            if claim.won and isinstance(store, LeaseStore):
                 assert claim.holder is not None
                 store.finish("race", claim.holder.token, RunState.DONE)
     finally:

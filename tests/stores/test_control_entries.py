@@ -18,7 +18,7 @@ import pytest
 
 from anarchon_core import ConfigurationError, Store
 from anarchon_core.errors import Conflict
-from anarchon_core.store import MAX_CONTROL_KEY, MAX_CONTROL_VALUE
+from anarchon_core.store import MAX_CONTROL_KEY, MAX_CONTROL_VALUE, ControlStore
 from tests.stores.conftest import StoreFactory
 
 RACERS = 8
@@ -491,7 +491,7 @@ def test_rabbitmq_refuses_control_entries(kind: str, make_store: StoreFactory) -
     if kind != "rabbitmq":
         pytest.skip("only RabbitMQ is claim-only")
     store = make_store()
-    assert not store.keeps_controls
+    assert not isinstance(store, ControlStore)
     calls: list[Callable[[], object]] = [
         lambda: store.controls(),
         lambda: store.controls("run/"),

@@ -71,6 +71,7 @@ from anarchon_core import (
 )
 from anarchon_core.roles import JobRuntime
 from anarchon_core.slots import Slot
+from anarchon_core.store import LeaseStore
 from anarchon_core.stores.memory import MemoryStore
 from anarchon_core.stores.rabbitmq import RabbitMQStore
 from anarchon_core.urls import SCHEMES
@@ -509,7 +510,7 @@ def claim_and_finish(store: Store, job: Job, slots: list[Slot]) -> None:
         holder = claim.holder
         assert holder is not None, where
         assert (holder.job, holder.slot_ms, holder.owner) == (name, slot.ms, OWNER), where
-        if store.supports_lease:
+        if isinstance(store, LeaseStore):
             assert holder.state is RunState.RUNNING, where
             assert 0 < holder.lease_remaining <= lease + 0.01, f"{where}: {holder}"
             state = store.states([name]).get(name)
@@ -517,8 +518,7 @@ def claim_and_finish(store: Store, job: Job, slots: list[Slot]) -> None:
             assert (state.job, state.token, state.slot_ms) == (name, holder.token, slot.ms), where
             assert name in store.jobs(), f"{where}: not listed"
             assert store.renew(name, holder.token, lease), f"{where}: renewal refused"
-        assert store.finish(name, holder.token, RunState.DONE), f"{where}: finish refused"
-        if store.supports_lease:
+            assert store.finish(name, holder.token, RunState.DONE), f"{where}: finish refused"
             state = store.state(name)
             assert state is not None and state.state is RunState.DONE, f"{where}: {state}"
             runs = store.history(name, 1)
@@ -988,10 +988,10 @@ def probe(store: Store) -> None:
     claim = store.claim(PROBE_JOB, PROBE_SLOT, OWNER, 10)
     assert claim.status is ClaimStatus.WON, claim
     assert claim.holder is not None
-    if store.supports_lease:
+    if isinstance(store, LeaseStore):
         state = store.state(PROBE_JOB)
         assert state is not None and state.token == claim.holder.token, state
-    assert store.finish(PROBE_JOB, claim.holder.token, RunState.DONE)
+        assert store.finish(PROBE_JOB, claim.holder.token, RunState.DONE)
 
 
 def drop_probe_queue(base_url: str, store: RabbitMQStore) -> None:

@@ -29,6 +29,7 @@ from anarchon_core import (
     Store,
     open_store,
 )
+from anarchon_core.store import ControlStore, LeaseStore
 from tests.stores.conftest import StoreFactory
 
 SLOT = 1_700_000_000_000
@@ -79,9 +80,9 @@ def _resume(store: Store, target: str, *jobs: str) -> None:
 def lease_store(make_store: StoreFactory) -> Store:
     """A store that keeps leases (and pause marks); claim-only stores skip."""
     store = make_store()
-    if not store.supports_lease:
+    if not isinstance(store, LeaseStore):
         pytest.skip(f"{type(store).__name__} is claim-only: no lease, no pause")
-    assert store.keeps_controls
+    assert isinstance(store, ControlStore)
     return store
 
 
@@ -308,7 +309,7 @@ def test_job_names_are_checked(lease_store: Store) -> None:
 
 def test_pause_marks_are_shared_by_the_namespace_and_no_other(make_store: StoreFactory) -> None:
     store = make_store("billing")
-    if not store.supports_lease:
+    if not isinstance(store, LeaseStore):
         pytest.skip(f"{type(store).__name__} is claim-only: no pause")
     peer = make_store("billing")  # another instance of the same namespace
     other = make_store("mail")
@@ -436,7 +437,7 @@ def test_after_resume_the_next_slot_is_claimed_as_usual(lease_store: Store, targ
 @pytest.mark.parametrize("kind", ["rabbitmq"])
 def test_a_claim_only_store_refuses_to_pause(make_store: StoreFactory) -> None:
     store = make_store()
-    assert not store.supports_lease and not store.keeps_controls
+    assert not isinstance(store, LeaseStore) and not isinstance(store, ControlStore)
     for call in (
         store.pause,
         lambda: store.pause("job"),

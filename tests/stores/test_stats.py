@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from anarchon_core import Change, RunState, Store
+from anarchon_core.store import LeaseStore
 from tests.stores.conftest import StoreFactory
 
 SLOT = 1_700_000_000_000
@@ -42,7 +43,7 @@ def test_counts_follow_claims_takeovers_and_ends(lease_store: Store) -> None:
 
 def test_counts_are_shared_and_batched_ends_count(make_store: StoreFactory) -> None:
     one, other = make_store("x"), make_store("x")
-    if not one.supports_lease:
+    if not isinstance(one, LeaseStore):
         assert one.stats(["job"]) == {}
         return
     holders = [one.claim(job, SLOT, "a", 10).holder for job in ("p", "q", "r")]
