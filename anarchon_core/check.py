@@ -101,7 +101,7 @@ def _job(store: Store, job: str, now: float, max_late: float | None) -> Finding:
         if now - first > bound:
             return Finding(what, False, f"no run ever succeeded; bound {bound:g}s")
         return Finding(what, True, "no success yet, within the bound")
-    late = now - last
+    late = max(0.0, now - last)  # a success stamped a hair ahead of this clock is now
     if late > bound:
         return Finding(what, False, f"last success {late:.1f}s ago, more than {bound:g}s")
     return Finding(what, True, f"last success {late:.1f}s ago (bound {bound:g}s)")
