@@ -8,7 +8,10 @@ Three checks, each printed on a line of its own:
   every :data:`~anarchon_core.peers.ANNOUNCE_EVERY` seconds from their
   scheduling loop, so a frozen, hung or stopped loop fails it within
   :data:`LIVE_WITHIN` seconds. Skipped on a store without a registry
-  (RabbitMQ) and with ``host=None``.
+  (RabbitMQ) and with ``host=None``. With ``fail_behind``, it also fails
+  while that instance runs behind by more than that many seconds: its own
+  renewals and finishes late, so that it defers its claims (see
+  :mod:`anarchon_core.engine.pacing`).
 - **job** (each one named): its last run that ended ``done`` is no older
   than ``max_late``; by default, twice the gap between its two most recent
   slots (its interval plus the default catch-up window, which is that
@@ -48,6 +51,7 @@ def check(
     instance: str | None = None,
     jobs: tuple[str, ...] = (),
     max_late: float | None = None,
+    fail_behind: float | None = None,
 ) -> list[Finding]:
     """The findings of every check on ``store`` at ``now`` (Unix seconds).
 
@@ -57,13 +61,15 @@ def check(
     store.ping()
     found = [Finding("store", True, "answers")]
     if (host is not None or instance is not None) and isinstance(store, RegistryStore):
-        found.append(_loop(store, host, instance))
+        found.append(_loop(store, host, instance, fail_behind))
     for job in jobs:
         found.append(_job(store, job, now, max_late))
     return found
 
 
-def _loop(store: Store, host: str | None, instance: str | None) -> Finding:
+def _loop(
+    store: Store, host: str | None, instance: str | None, fail_behind: float | None
+) -> Finding:
     records = store.instances()
     if instance is not None:
         mine = [r for r in records if r.instance == instance]
@@ -79,6 +85,15 @@ def _loop(store: Store, host: str | None, instance: str | None) -> Finding:
     if freshest.age > LIVE_WITHIN:
         return Finding(
             "loop", False, f"{freshest.instance} last recorded itself {freshest.age:.1f}s ago"
+        )
+    behind = float(freshest.info.get("behind") or 0.0)
+    if fail_behind is not None and behind > fail_behind:
+        deferred = int(freshest.info.get("deferred") or 0)
+        return Finding(
+            "loop",
+            False,
+            f"{freshest.instance} runs {behind:.1f}s behind (more than {fail_behind:g}s):"
+            f" its renewals and finishes are late; {deferred} claims deferred so far",
         )
     return Finding("loop", True, f"{freshest.instance} recorded itself {freshest.age:.1f}s ago")
 

@@ -121,14 +121,24 @@ def instances(store: Store, states: dict[str, JobState], out: TextIO) -> None:
     print(f"\n{len(live)} live instance(s)", file=out)
     if not live:
         return
-    rows: list[Sequence[str]] = [("instance", "host", "pid", "version", "jobs", "seen", "holds")]
+    rows: list[Sequence[str]] = [
+        ("instance", "host", "pid", "version", "jobs", "seen", "behind", "holds")
+    ]
     for r in live:
         info = r.info
         row = (r.instance, str(info.get("host", "-")), str(info.get("pid", "-")),
                str(info.get("version", "-")), str(info.get("jobs", "-")), f"{r.age:.1f}s ago",
-               ", ".join(holds.get(r.instance, [])) or "-")  # fmt: skip
+               behind(info), ", ".join(holds.get(r.instance, [])) or "-")  # fmt: skip
         rows.append(row)
     _table(rows, out)
+
+
+def behind(info: dict[str, Any]) -> str:
+    """How far behind an instance said it runs, and the claims it deferred: "-" if on time."""
+    late, deferred = info.get("behind"), info.get("deferred")
+    if not late and not deferred:
+        return "-"
+    return f"{float(late or 0):.1f}s, {int(deferred or 0)} claims deferred"
 
 
 def _opened(open_it: Callable[[], T], url: str, err: TextIO, prog: str) -> T | int:
@@ -522,6 +532,13 @@ def main(argv: list[str] | None = None) -> int:
         metavar="DURATION",
         help="how old a job's last success may be (default: twice its interval)",
     )
+    probe.add_argument(
+        "--fail-behind",
+        type=_duration_argument("--fail-behind"),
+        metavar="DURATION",
+        help="fail while the instance's own renewals and finishes run later than this"
+        " (it defers its claims then); default: never",
+    )
     who = probe.add_mutually_exclusive_group()
     who.add_argument("--instance", help="the instance to look for (default: any on this host)")
     who.add_argument(
@@ -593,6 +610,7 @@ def run_check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             instance=args.instance,
             jobs=tuple(args.job),
             max_late=args.max_late,
+            fail_behind=args.fail_behind,
         )
     except Exception as exc:  # the store does not answer (or answered an error)
         said = str(exc) or type(exc).__name__

@@ -75,6 +75,9 @@ class EventKind(str, enum.Enum):
     STORE_REFUSED = ("store_refused", logging.WARNING)
     #: The store answers again.
     STORE_RECOVERED = ("store_recovered", logging.INFO)
+    #: This instance deferred claims and takeovers: its own renewals and finishes run
+    #: late (detail: how many, how late). Other instances, or later steps, take them.
+    CLAIMS_DEFERRED = ("claims_deferred", logging.WARNING)
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,11 @@ class Health:
     ready: bool
     #: Why, in a few words.
     detail: str
+    #: How late this instance's own renewals and finishes ran at its last step
+    #: (seconds; see :mod:`anarchon_core.engine.pacing`).
+    behind: float = 0.0
+    #: Claims and takeovers this instance deferred since it started, being behind.
+    deferred: int = 0
 
 
 class Emitter:

@@ -203,7 +203,7 @@ class _Gauges:
         return []  # read at each collection: nothing to check up front
 
     def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import GaugeMetricFamily
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         scheduler = self.metrics.scheduler
         ns = scheduler.namespace
@@ -252,3 +252,18 @@ class _Gauges:
         )
         alive.add_metric([ns], 1.0 if health.ready else 0.0)
         yield alive
+        behind = GaugeMetricFamily(
+            "anarchon_behind_seconds",
+            "How late this instance's own renewals and finishes ran at its last step; past a"
+            " quarter of their lease, it defers its claims.",
+            labels=["namespace"],
+        )
+        behind.add_metric([ns], health.behind)
+        yield behind
+        deferred = CounterMetricFamily(
+            "anarchon_claims_deferred",
+            "Claims and takeovers this instance deferred, being behind on its own runs.",
+            labels=["namespace"],
+        )
+        deferred.add_metric([ns], float(health.deferred))
+        yield deferred

@@ -59,9 +59,13 @@ def check_port(port: object, what: str = "port") -> int:
 
 
 def probe_app(
-    scheduler: Scheduler, metrics: Metrics | None = None
+    scheduler: Scheduler, metrics: Metrics | None = None, fail_behind: float | None = None
 ) -> Callable[..., Iterable[bytes]]:
-    """The WSGI app answering ``/healthz``, ``/readyz`` and (with ``metrics``) ``/metrics``."""
+    """The WSGI app answering ``/healthz``, ``/readyz`` and (with ``metrics``) ``/metrics``.
+
+    With ``fail_behind``, ``/readyz`` also fails while the instance runs
+    behind by more than that many seconds (:attr:`~anarchon_core.events.Health.behind`).
+    """
 
     def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO") or "/"
@@ -72,6 +76,12 @@ def probe_app(
             ok = health.live if path == "/healthz" else health.ready
             status = "200 OK" if ok else "503 Service Unavailable"
             said = f"{'ok' if ok else 'failing'}: {health.detail}"
+            if ok and path == "/readyz" and fail_behind is not None and health.behind > fail_behind:
+                status = "503 Service Unavailable"
+                said = (
+                    f"failing: behind by {health.behind:.1f}s (more than {fail_behind:g}s):"
+                    f" claims deferred ({health.deferred} so far)"
+                )
             if ok and not health.ready:
                 # Alive while the store is down: "ok" must not read as the store's answer.
                 said = "ok: live; store down: no slot is claimed until it answers"
@@ -125,14 +135,26 @@ def serve(
     host: str = "0.0.0.0",  # noqa: S104 - Prometheus and the kubelet scrape the pod
     *,
     metrics: bool | Metrics = True,
+    fail_behind: float | None = None,
 ) -> ProbeServer:
     """Serve the probes (and the metrics, unless ``metrics=False``) on ``host:port``.
+
+    ``fail_behind``: ``/readyz`` fails while the instance's own renewals and
+    finishes run later than this many seconds (it defers its claims then).
 
     ``port=0`` picks a free port (see :attr:`ProbeServer.port`). ``host``
     defaults to every interface, so that Prometheus and the kubelet reach
     the pod; the endpoint shows job names and counts, and changes nothing.
     """
     check_port(port)
+    if fail_behind is not None and (
+        not isinstance(fail_behind, (int, float))
+        or isinstance(fail_behind, bool)
+        or not fail_behind > 0
+    ):
+        raise ConfigurationError(
+            f"fail_behind={fail_behind!r}: expected a number of seconds above 0, or None"
+        )
     chosen: Metrics | None
     if metrics is True:
         from .metrics import Metrics
@@ -142,7 +164,11 @@ def serve(
         chosen = metrics or None
     try:
         server = make_server(
-            host, port, probe_app(scheduler, chosen), server_class=_Server, handler_class=_Quiet
+            host,
+            port,
+            probe_app(scheduler, chosen, fail_behind),
+            server_class=_Server,
+            handler_class=_Quiet,
         )
     except OSError as exc:
         raise ConfigurationError(f"cannot serve probes on {host}:{port}: {exc.strerror}") from exc

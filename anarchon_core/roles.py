@@ -59,6 +59,11 @@ class Runner:
     next_renew: float
     #: Whether the loss of this run was reported (event ``lost``).
     reported: bool = False
+    #: Its handler returned (or never began): its end is on its way to the store, and
+    #: the run, renewed meanwhile, is never given back before it.
+    returned: bool = False
+    #: Its end was sent to the store once (it may be sent again).
+    end_sent: bool = False
 
     @classmethod
     def start(cls, slot: Slot, run: Run, sent_mono: float, options: JobOptions) -> Runner:
@@ -309,6 +314,10 @@ class Completion:
     #: When the handler ended (wall-clock seconds): a dispatch that failed within
     #: the catch-up window is released, however late the store hears of it.
     ended_at: float = 0.0
+    #: When the handler ended (monotonic): how long its end waited to be recorded.
+    ended_mono: float = 0.0
+    #: False for a run lost before its handler began: the handler never ran.
+    started: bool = True
 
     @property
     def handed_off(self) -> bool:

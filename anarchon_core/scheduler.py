@@ -164,7 +164,7 @@ class Scheduler:
             claims=claims,
             backups=Backups(ctx, answers),
             requests=requests,
-            registry=Registry(ctx, claims.replace_deferred),
+            registry=Registry(ctx, claims.replace_deferred, self._load),
             wake=self._wake,
             close_store=self.store.close if owns else None,
         )
@@ -279,6 +279,12 @@ class Scheduler:
     def running(self) -> list[Run]:
         """The runs this instance currently holds."""
         return [rt.runner.run for rt in self._table.held() if rt.runner]
+
+    def _load(self) -> tuple[float, int]:
+        """How late this instance's own runs' upkeep ran at worst since the last call, and
+        the claims it deferred."""
+        pacer = self._loop.pacer
+        return pacer.peak(), pacer.deferred_total
 
     def health(self, stall: float = LOOP_STALL) -> Health:
         """Whether the scheduling loop is alive, and whether the store answered its last step.

@@ -51,6 +51,8 @@ class Span:
     end: float | None = None
     lost: bool = False
     killed: bool = False
+    #: The handler did all its work (it was not stopped by a lost run or a kill).
+    completed: bool = False
 
 
 class Cluster:
@@ -81,6 +83,7 @@ class Cluster:
                     break
             span.lost = run.lost
             span.end = self.now()
+            span.completed = not span.killed and span.end >= end - 1e-9
 
         return work
 
@@ -148,6 +151,143 @@ class Cluster:
             if span.job == job:
                 found.setdefault(span.slot_id, []).append(span)
         return found
+
+
+# ---------------------------------------------------------------------------
+# Overload: a fleet that cannot keep up
+# ---------------------------------------------------------------------------
+
+
+class SlowStore(LeaseStore, RegistryStore):
+    """One instance's view of the shared store on a starved machine: each call costs
+    virtual time, by the round trip and by the items it carries, times ``slowness``.
+
+    ``wait(seconds)`` lets that time pass for the caller while the other
+    instances go on. Half of it passes before the store applies the call,
+    half after.
+    """
+
+    def __init__(
+        self, inner: MemoryStore, wait: Callable[[float], None], *, per_call: float,
+        per_item: float, slowness: float = 1.0,
+    ) -> None:  # fmt: skip
+        super().__init__(namespace=inner.namespace)
+        self.inner, self.wait = inner, wait
+        self.per_call, self.per_item, self.slowness = per_call, per_item, slowness
+
+    def _costly(self, items: int, step: Callable[[], Any]) -> Any:
+        cost = (self.per_call + self.per_item * items) * self.slowness
+        self.wait(cost / 2)
+        result = step()
+        self.wait(cost / 2)
+        return result
+
+    def claim_many(self, requests: Sequence[ClaimRequest], owner: str) -> list[Claim]:
+        return list(self._costly(len(requests), lambda: self.inner.claim_many(requests, owner)))
+
+    def takeover_many(self, requests: Sequence[TakeoverRequest], owner: str) -> list[Claim]:
+        return list(self._costly(len(requests), lambda: self.inner.takeover_many(requests, owner)))
+
+    def change_many(self, changes: Sequence[Change]) -> list[bool]:
+        return list(self._costly(len(changes), lambda: self.inner.change_many(changes)))
+
+    def states(self, jobs: Iterable[str]) -> dict[str, JobState]:
+        names = list(jobs)
+        return dict(self._costly(len(names), lambda: self.inner.states(names)))
+
+    def history(self, job: str, limit: int = 20) -> list[RunRecord]:
+        return self.inner.history(job, limit)
+
+    def _announce(self, instance: str, info: str, ttl: float) -> list[InstanceRecord]:
+        return list(self._costly(1, lambda: self.inner._announce(instance, info, ttl)))
+
+    def withdraw(self, instance: str) -> None:
+        self.inner.withdraw(instance)
+
+    def instances(self) -> list[InstanceRecord]:
+        return self.inner.instances()
+
+    def jobs(self) -> list[str]:
+        return self.inner.jobs()
+
+
+#: How often an instance of :func:`overloaded` looks for work (virtual seconds), as a
+#: handler's return wakes a real loop at once.
+POLL = 0.02
+
+
+def overloaded(
+    *,
+    jobs: int = 600,
+    every: int = 10,
+    lease: float = 3.0,
+    seconds: float = 90.0,
+    per_item: float = 0.004,
+    slowness: Sequence[float] = (0.3, 1.0, 3.0),
+    seed: int = 0,
+) -> Cluster:
+    """A fleet that cannot keep up: ``jobs`` due at once every ``every`` seconds, on
+    instances whose store calls cost ``per_item`` virtual seconds per item (times each
+    instance's ``slowness``): one batch of every job's claim takes longer than the lease.
+
+    Each instance steps in a thread of its own on the fake clock, so that a
+    call's cost holds up its caller alone, as a process of its own would.
+    Handlers return at once or after up to two seconds. Returns the cluster
+    run for ``seconds``; :func:`started_again` is its invariant.
+    """
+    cluster = Cluster()
+    clock = cluster.clock
+    rnd = random.Random(seed)
+    durations = [rnd.choice([0.0, 0.0, rnd.uniform(0.1, 2.0)]) for _ in range(jobs)]
+    running = threading.Event()
+    running.set()
+
+    def loop(scheduler: Scheduler) -> None:
+        while running.is_set():
+            delay = scheduler.run_pending()
+            clock.sleep(min(max(delay, 0.001), POLL))
+
+    for k, slow in enumerate(slowness):
+        store = SlowStore(
+            cluster.store, clock.sleep, per_call=0.005, per_item=per_item, slowness=slow
+        )
+        scheduler = Scheduler(
+            store,
+            instance=f"i{k}",
+            clock=clock,
+            seed=k + 1,
+            listener=cluster.events.append,
+            lease=lease,
+        )
+        for n, duration in enumerate(durations):
+            scheduler.add_job(cluster.handler(duration), name=f"job{n:05d}", every=every)
+        cluster.all[scheduler.instance] = scheduler
+        clock.spawn(lambda scheduler=scheduler: loop(scheduler), f"sim:{scheduler.instance}")
+    clock.advance(seconds)
+    running.clear()
+    clock.advance(lease)  # the loops see they are to end
+    return cluster
+
+
+def started_again(cluster: Cluster) -> list[str]:
+    """The slots whose handler did all its work and that were started again afterwards
+    (whether the run was lost meanwhile or not: the work was done)."""
+    again: list[str] = []
+    for slot_id, spans in sorted(_by_slot(cluster.spans).items()):
+        for done in spans:
+            if not done.completed or done.end is None:
+                continue
+            if any(other is not done and other.start >= done.end for other in spans):
+                again.append(slot_id)
+                break
+    return again
+
+
+def _by_slot(spans: Iterable[Span]) -> dict[str, list[Span]]:
+    found: dict[str, list[Span]] = {}
+    for span in spans:
+        found.setdefault(span.slot_id, []).append(span)
+    return found
 
 
 # ---------------------------------------------------------------------------
@@ -805,8 +945,7 @@ class Chaos:
                     ran = slot in dispatched
                 else:
                     ran = any(
-                        b.slot_id == slot
-                        and (b.completed or self._running_at_end(b, window[1]))
+                        b.slot_id == slot and (b.completed or self._running_at_end(b, window[1]))
                         for b in self.beliefs
                     )
                 if covered and not ran and slot not in exempt:

@@ -220,6 +220,8 @@ class Dashboard:
                     "version": r.info.get("version"),
                     "jobs": r.info.get("jobs"),
                     "seen": r.age,
+                    "behind": r.info.get("behind") or 0,
+                    "deferred": r.info.get("deferred") or 0,
                     "holds": holds.get(r.instance, []),
                 }
                 for r in sorted(instances, key=lambda r: r.instance)

@@ -117,6 +117,7 @@
       cell(tr, inst.version);
       cell(tr, inst.jobs);
       cell(tr, inst.seen.toFixed(1) + "s ago");
+      cell(tr, inst.behind || inst.deferred ? inst.behind.toFixed(1) + "s, " + inst.deferred + " claims deferred" : "-", "behind");
       cell(tr, inst.holds.length ? inst.holds.join(", ") : "-", "holds");
       lines.push(tr);
     }

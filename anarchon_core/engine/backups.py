@@ -15,6 +15,7 @@ from ..slots import Slot
 from ..store import JobState, RunState
 from .claims import Answers, Ask
 from .context import Context
+from .pacing import Pacer
 
 
 class Backups:
@@ -24,11 +25,12 @@ class Backups:
         self._ctx = ctx
         self._answers = answers
 
-    def check(self, now_mono: float, due: list[JobRuntime]) -> None:
-        """Check the leases of the slots this instance backs up.
+    def check(self, now_mono: float, due: list[JobRuntime], pacer: Pacer) -> None:
+        """Check the leases of the slots this instance backs up, a chunk per read.
 
         Those due for a check, and those of the jobs ``due`` to be claimed (a
-        released older slot must not be superseded unseen).
+        released older slot must not be superseded unseen). The checks the
+        step's budget leaves are made at the next step (see :mod:`.pacing`).
         """
         table = self._ctx.table
         checked = table.checks_due(now_mono)
@@ -37,12 +39,14 @@ class Backups:
         if not checked:
             return
         try:
-            self._verdicts(checked, now_mono)
+            for chunk in pacer.chunks(checked):
+                self._verdicts(chunk)
         finally:
             table.checks_moved(checked)
 
-    def _verdicts(self, checked: list[JobRuntime], now_mono: float) -> None:
+    def _verdicts(self, checked: list[JobRuntime]) -> None:
         """Read the records ``checked`` back up, and act on each verdict."""
+        now_mono = self._ctx.clock.monotonic()
         gateway = self._ctx.gateway
         states = gateway.per_job(checked, checked, gateway.states)
         for rt, record in zip(checked, states, strict=True):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 
 from ..events import EventKind
@@ -20,6 +20,7 @@ from ..roles import Backup, JobRuntime
 from ..slots import Slot
 from ..store import Claim, ClaimStatus, JobState, refusal
 from .context import Context
+from .pacing import Pacer
 from .runs import Runs
 
 log = logging.getLogger(__name__)
@@ -198,12 +199,19 @@ class Claims:
         """The jobs whose claim is due, taken out of the agenda (see :meth:`claim`)."""
         return self._ctx.table.claims_due(self._ctx.clock.time())
 
-    def claim(self, due: list[JobRuntime]) -> None:
-        """Claim every slot ``due``, in one batch, and act on the answers."""
+    def claim(self, due: list[JobRuntime], pacer: Pacer) -> None:
+        """Claim the slots ``due``, a chunk per batch, and act on the answers.
+
+        The runs' upkeep goes between two chunks; the chunks the step's
+        budget leaves are claimed at the next step (see :mod:`.pacing`).
+        """
+        batch = self._batch(due, self._ctx.clock.time())
+        for chunk in pacer.chunks(batch):
+            self._claim_chunk(chunk)
+
+    def _claim_chunk(self, batch: Sequence[tuple[JobRuntime, Slot]]) -> None:
+        """Claim every slot of ``batch`` in one round trip, and act on the answers."""
         now = self._ctx.clock.time()
-        batch = self._batch(due, now)
-        if not batch:
-            return
         peers = self._ctx.peers
         sent = self._ctx.clock.monotonic()
         claims = self._send(batch)
@@ -251,7 +259,7 @@ class Claims:
             batch.append((rt, slot))
         return batch
 
-    def _send(self, batch: list[tuple[JobRuntime, Slot]]) -> list[Claim | Exception]:
+    def _send(self, batch: Sequence[tuple[JobRuntime, Slot]]) -> list[Claim | Exception]:
         """The answers to the claims of ``batch``, one round trip for each kind of call.
 
         A claim that waited for the slot's preferred instance reads the record

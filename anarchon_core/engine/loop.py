@@ -24,6 +24,7 @@ from .backups import Backups
 from .claims import Claims
 from .context import Context
 from .gateway import describe
+from .pacing import DEFER_PAUSE, Pacer
 from .registry import Registry
 from .requests import Requests
 from .runs import Runs
@@ -67,6 +68,9 @@ class Loop:
         self.wake = wake
         self._close_store = close_store
         self.guard = StepGuard()
+        self.pacer = Pacer(ctx, self._upkeep, runs.lag, runs.sizer)
+        #: The last step deferred its claims: the next one waits a little.
+        self._deferred = False
         self.stopping = threading.Event()
         self.thread: threading.Thread | None = None
         self._backoff = 0.0
@@ -108,15 +112,19 @@ class Loop:
             return self._next_delay()
 
     def _step(self, now_mono: float) -> None:
-        """One slot's path through the parts, phase by phase; each phase at most one batch."""
+        """One slot's path through the parts, phase by phase.
+
+        The claims and takeovers go in chunks, with the runs' upkeep between
+        two (see :mod:`.pacing`): renewals and finishes never wait behind them.
+        """
+        self._runs.lag.reset()
         # Finish: runs whose handler returned since the last step are finished first:
         # the claim of their job's next slot would otherwise find their lease live and
         # skip that slot as an overlap (and renewing them would be wasted).
-        self._runs.finish()
         # Renew the leases due. Runs lost by now (a call may have blocked past their
         # deadline) are backed up before the claims, like anyone else's lapsed run.
-        self._runs.renew(now_mono)
-        self._runs.report_lost()
+        self._upkeep()
+        self.pacer.noted()
         # Place the new jobs on their schedule.
         self._claims.place_new()
         # Announce this instance in the registry, read the live peers.
@@ -124,18 +132,32 @@ class Loop:
         # Controls: stored schedules, backfills, run-now and catch-up requests.
         self._requests.poll(now_mono)
         due = self._claims.due()
+        pacer = self.pacer
+        pacer.begin(due)
+        self._deferred = False
         try:
+            if pacer.defers(due):
+                # Behind on its own runs: this step claims nothing, and backs nothing up.
+                self._deferred = True
+                return
             # Backups before claims: a job's older slot, handed over or lapsed, is
             # taken over before its next slot's claim could supersede it.
-            self._backups.check(now_mono, due)
-            self._claims.claim(due)
+            self._backups.check(now_mono, due, pacer)
+            self._claims.claim(due, pacer)
         finally:
-            # Taken out of the agenda: back in at their time now, whatever happened.
+            # Taken out of the agenda: back in at their time now, whatever happened
+            # (those not claimed yet are due again at once).
             self._ctx.table.claims_moved(due)
         # Finish once more: handlers begun in this step (inline ones always) may have
         # returned already. Their slot is then finished or handed off within this
         # step, before the engine sleeps.
         self._runs.finish()
+
+    def _upkeep(self) -> None:
+        """The runs' upkeep: record the ends, renew the leases due, report the runs lost."""
+        self._runs.finish()
+        self._runs.renew(self._ctx.clock.monotonic())
+        self._runs.report_lost()
 
     def _failed(self, exc: Exception) -> float:
         """A step failed: back off; the seconds until the next step.
@@ -165,7 +187,12 @@ class Loop:
         clock, agenda = self._ctx.clock, self._ctx.table.agenda
         now, now_mono = clock.time(), clock.monotonic()
         delays = [MAX_SLEEP]
-        claim_at, check_at = agenda.claims.next_at(), agenda.checks.next_at()
+        if self._deferred:
+            # Claims deferred are due at once: wait a little, for the runs to catch up.
+            delays.append(DEFER_PAUSE)
+            claim_at = check_at = None
+        else:
+            claim_at, check_at = agenda.claims.next_at(), agenda.checks.next_at()
         if claim_at is not None:
             delays.append(claim_at - now)
         if check_at is not None:
@@ -183,13 +210,18 @@ class Loop:
         """Whether the loop is alive, and whether the store answered its last step."""
         now = self._ctx.clock.monotonic()
         began, ok_at = self._step_began, self._step_ok_at
+        pacer = self.pacer
+
+        def health(live: bool, ready: bool, detail: str) -> Health:
+            return Health(live, ready, detail, pacer.behind, pacer.deferred_total)
+
         if began is None:
-            return Health(False, False, "the scheduling loop has not started")
+            return health(False, False, "the scheduling loop has not started")
         if now - began > stall:
-            return Health(False, False, f"no scheduling step for {now - began:.1f}s")
+            return health(False, False, f"no scheduling step for {now - began:.1f}s")
         if self._backoff or ok_at is None:
-            return Health(True, False, "the store does not answer")
-        return Health(True, True, f"last step {now - ok_at:.1f}s ago")
+            return health(True, False, "the store does not answer")
+        return health(True, True, f"last step {now - ok_at:.1f}s ago")
 
     # -- the thread ----------------------------------------------------------
 

@@ -34,12 +34,21 @@ class Registry:
     """Announces this instance every :data:`~anarchon_core.peers.ANNOUNCE_EVERY` seconds.
 
     ``peers_changed`` is called when the live peers read back changed (the
-    claims deferred for a gone peer are placed again).
+    claims deferred for a gone peer are placed again); ``load`` says how far
+    behind this instance runs and how many claims it deferred (see
+    :mod:`.pacing`), recorded with it for ``anarchon status`` and
+    ``anarchon check --fail-behind``.
     """
 
-    def __init__(self, ctx: Context, peers_changed: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        ctx: Context,
+        peers_changed: Callable[[], None],
+        load: Callable[[], tuple[float, int]],
+    ) -> None:
         self._ctx = ctx
         self._peers_changed = peers_changed
+        self._load = load
         #: When to announce next (monotonic); 0 until the first announcement.
         self._announce_at = 0.0
 
@@ -56,6 +65,8 @@ class Registry:
             return
         info = {"host": socket.gethostname(), "pid": os.getpid(), "version": VERSION}
         info["jobs"] = len(ctx.table)
+        behind, deferred = self._load()
+        info["behind"], info["deferred"] = round(behind, 1), deferred
         try:
             live = gateway.store.announce(ctx.instance, info, ANNOUNCE_TTL)
         except StoreUnavailable:

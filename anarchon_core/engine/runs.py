@@ -26,6 +26,7 @@ from ..slots import Slot, shown
 from ..store import Change, JobState, RunState
 from .context import Context
 from .gateway import describe
+from .pacing import Lag, Sizer
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,10 @@ class Runs:
 
     def __init__(self, ctx: Context, wake: threading.Event, inline: bool) -> None:
         self._ctx = ctx
+        #: How late the renewals and finishes sent run, and how many go in one call
+        #: (see :mod:`.pacing`).
+        self.lag = Lag()
+        self.sizer = Sizer(ctx.clock)
         self._wake = wake
         self._inline = inline
         self._done: queue.SimpleQueue[Completion] = queue.SimpleQueue()
@@ -111,6 +116,11 @@ class Runs:
     def _execute(self, rt: JobRuntime, runner: Runner) -> None:
         run, outcome, dispatch_failed = runner.run, RunState.DONE, False
         interrupted = False
+        if run.lost:
+            # Lost before its handler began (a starved process, a thread started late):
+            # the handler never starts, and the slot goes back for a backup to run it.
+            self._completed(rt, runner, RunState.RELEASED, interrupted=True, started=False)
+            return
         try:
             handler = rt.job.handler
             result = handler(run) if rt.job.takes_run else handler()
@@ -130,8 +140,32 @@ class Runs:
             log.exception(
                 "anarchon: job %s failed (%s attempt %d)", run.job, run.slot_id, run.attempt
             )
-        ended_at = self._ctx.clock.time()
-        self._done.put(Completion(rt, runner, outcome, dispatch_failed, interrupted, ended_at))
+        self._completed(rt, runner, outcome, dispatch_failed, interrupted)
+
+    def _completed(
+        self,
+        rt: JobRuntime,
+        runner: Runner,
+        outcome: RunState,
+        dispatch_failed: bool = False,
+        interrupted: bool = False,
+        *,
+        started: bool = True,
+    ) -> None:
+        """``runner``'s handler returned (or never began): its end is recorded at once."""
+        clock = self._ctx.clock
+        runner.returned = True
+        done = Completion(
+            rt,
+            runner,
+            outcome,
+            dispatch_failed,
+            interrupted,
+            clock.time(),
+            clock.monotonic(),
+            started,
+        )
+        self._done.put(done)
         self._wake.set()
 
     def join(self, deadline: float) -> None:
@@ -142,15 +176,14 @@ class Runs:
     # -- renewing ------------------------------------------------------------
 
     def renew(self, now_mono: float) -> None:
-        """Renew the leases due, in one batch.
+        """Renew the leases due, a chunk per call (see :mod:`.pacing`).
 
         A run is held until its deadline: the moment its last accepted renewal
         was sent, plus the lease less a safety margin. A renewal that fails
         leaves the deadline where it was, so the run turns lost on time even
         if the store never answers.
         """
-        gateway, leases = self._ctx.gateway, self._ctx.gateway.leases
-        if leases is None:
+        if self._ctx.gateway.leases is None:
             return
         due = [
             (rt, runner)
@@ -160,10 +193,16 @@ class Runs:
             and runner.run.handed_off_lease is None
             and runner.renewal_due(now_mono)
         ]
-        if not due:
-            return
+        for chunk in self.sizer.split(due):
+            self._renew(chunk)
+
+    def _renew(self, due: list[tuple[JobRuntime, Runner]]) -> None:
+        """Renew the leases of ``due``, in one call."""
+        gateway, leases = self._ctx.gateway, self._ctx.gateway.leases
+        assert leases is not None
         sent = self._ctx.clock.monotonic()
-        for _, runner in due:
+        for rt, runner in due:
+            self.lag.saw(sent - runner.next_renew, rt.options.lease)
             runner.retry_renewal(sent)
         renewals = [
             Change(runner.run.key, runner.run.token, RunState.RUNNING, rt.options.lease)
@@ -177,9 +216,10 @@ class Runs:
                 continue  # tried again at the next step
             if not accepted:
                 run.mark_lost("renewal refused: another instance took the slot over")
-            elif not runner.renewed(sent, rt.options):
+            elif not runner.renewed(sent, rt.options) and not runner.returned:
                 # Accepted, but after the run's deadline passed: the handler was told
                 # it lost, so the lease goes back at once for a backup to take over.
+                # (A handler that returned is not: its end, queued, is recorded next.)
                 late.append(Change(run.key, run.token, RunState.RELEASED))
         if late:
             with contextlib.suppress(BatchRefused):  # a refused one lapses instead
@@ -215,10 +255,31 @@ class Runs:
     # -- finishing -----------------------------------------------------------
 
     def finish(self) -> None:
-        """Finish the runs whose handler returned or raised, in one batch."""
+        """Finish the runs whose handler returned or raised, a chunk per call (see
+        :mod:`.pacing`)."""
         pending = self._completions()
         if not pending:
             return
+        now_mono = self._ctx.clock.monotonic()
+        for done in pending:
+            runner = done.runner
+            # How long an end waited for its first send (a lost run's end is late
+            # whatever the pace, and one sent again was refused, not held up).
+            if not runner.end_sent and not runner.run.lost:
+                self.lag.saw(now_mono - done.ended_mono, done.runtime.options.lease)
+            runner.end_sent = True
+        sent = 0
+        try:
+            for chunk in self.sizer.split(pending):
+                sent += len(chunk)
+                self._finish(chunk)
+        except Exception:  # the chunks not sent yet are kept too: the step is retried
+            for unrecorded in pending[sent:]:
+                self._done.put(unrecorded)
+            raise
+
+    def _finish(self, pending: list[Completion]) -> None:
+        """Finish the runs of ``pending``, in one call."""
         for done in pending:
             if done.runner.run.lost and not done.runner.reported:
                 self.emit_lost(done.runner)
@@ -313,6 +374,8 @@ class Runs:
 
     def _end_detail(self, done: Completion, retry: bool) -> str:
         """What the event of a recorded end says beyond its kind."""
+        if not done.started:
+            return "not started: the run was lost before its handler began; released for a backup"
         if done.interrupted:
             return "the handler stopped on losing its lease; released for a backup"
         if retry:

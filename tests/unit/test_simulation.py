@@ -13,12 +13,16 @@ window runs, (d) no scheduling step raises. The long soak is
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
 from anarchon_core import jobs
+from anarchon_core.engine import pacing
 from anarchon_core.engine.backups import Backups
 from anarchon_core.engine.loop import Loop
-from tests.sim import FAULTS, Chaos, Violation, main
+from anarchon_core.events import EventKind
+from tests.sim import FAULTS, Chaos, Cluster, Violation, main, overloaded, started_again
 
 #: Seeds CI runs, in chunks that run in parallel.
 CHUNKS = [range(k, k + 4) for k in range(0, 40, 4)]
@@ -88,3 +92,33 @@ def test_the_command_replays_a_seed_and_reports_what_it_simulated(
 def test_unknown_faults_are_refused_by_name() -> None:
     with pytest.raises(ValueError, match="unknown faults \\['nope'\\]"):
         Chaos(0, faults=["nope"])
+
+
+def _overloaded() -> tuple[Cluster, Counter[str]]:
+    """300 jobs due at once every 10 s on three instances with 3 s leases, whose store
+    calls cost 8 ms per item, times 1, 2 and 3: one instance's batch of every claim,
+    of every renewal or of every finish takes longer than the lease."""
+    cluster = overloaded(jobs=300, per_item=0.008, seconds=60, slowness=(1.0, 2.0, 3.0))
+    return cluster, Counter(span.slot_id for span in cluster.spans)
+
+
+def test_an_overloaded_fleet_runs_slots_late_never_twice() -> None:
+    cluster, starts = _overloaded()
+    assert started_again(cluster) == []
+    assert [slot for slot, n in starts.items() if n > 1] == []
+    # It was overloaded: slots ran late, yet every one ran.
+    assert cluster.kinds(EventKind.CATCH_UP)
+    assert len(starts) == 300 * 5
+
+
+def test_without_pacing_the_overloaded_fleet_runs_slots_twice(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The scenario catches the defect: one batch per step, however long, and no deferral."""
+    for name in ("FIRST_CHUNK", "MIN_CHUNK", "MAX_CHUNK"):
+        monkeypatch.setattr(pacing, name, 10**9)
+    monkeypatch.setattr(pacing, "STEP_SHARE", float("inf"))
+    monkeypatch.setattr(pacing, "BEHIND_SHARE", float("inf"))
+    cluster, starts = _overloaded()
+    assert [slot for slot, n in starts.items() if n > 1]
+    assert cluster.kinds(EventKind.FINISH_REFUSED)

@@ -1,0 +1,202 @@
+"""Overload safety (anarchon_core.engine.pacing): late, then missed, never twice; and seen.
+
+A real scheduler on a memory store, stepped by hand on a fake clock. An
+instance "behind" is one whose steps come too late for its own runs: the
+clock moves on without a step, as a starved process's does.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterable, Sequence
+
+import pytest
+
+from anarchon_core import ConfigurationError, Event, EventKind, FakeClock, Run, Scheduler
+from anarchon_core.check import check
+from anarchon_core.cli import instances
+from anarchon_core.engine import pacing
+from anarchon_core.metrics import Metrics
+from anarchon_core.probes import serve
+from anarchon_core.store import Change, Claim, ClaimRequest, JobState
+from anarchon_core.stores.memory import MemoryStore
+
+START = 1_699_999_200.0
+
+
+class Counting(MemoryStore):
+    """A memory store that keeps each batch call's size, and takes ``per_item`` seconds
+    of the caller's (fake) time per item, as a real store's round trip does."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__(clock=clock)
+        self.claim_batches: list[int] = []
+        self.change_batches: list[tuple[int, float]] = []
+        self.per_item = 0.0
+        self._clock = clock
+
+    def _cost(self, items: int) -> None:
+        if self.per_item:
+            self._clock.advance(self.per_item * items)
+
+    def claim_many(self, requests: Sequence[ClaimRequest], owner: str) -> list[Claim]:
+        self.claim_batches.append(len(requests))
+        self._cost(len(requests))
+        return super().claim_many(requests, owner)
+
+    def change_many(self, changes: Sequence[Change]) -> list[bool]:
+        self.change_batches.append((len(changes), self._clock.monotonic()))
+        self._cost(len(changes))
+        return super().change_many(changes)
+
+    def states(self, jobs: Iterable[str]) -> dict[str, JobState]:
+        names = list(jobs)
+        self._cost(len(names))
+        return super().states(names)
+
+
+def fleet_of_one(
+    jobs: int, *, lease: float = 10.0, hold: threading.Event | None = None
+) -> tuple[Scheduler, Counting, FakeClock, list[Event]]:
+    clock = FakeClock(START)
+    store = Counting(clock)
+    events: list[Event] = []
+    scheduler = Scheduler(
+        store, instance="a", clock=clock, listener=events.append, lease=lease, jitter=0
+    )
+
+    def handler(run: Run) -> None:
+        if hold is not None:
+            clock.wait(hold, 60)
+
+    for n in range(jobs):
+        scheduler.add_job(handler, name=f"job{n:04d}", every=60)
+    return scheduler, store, clock, events
+
+
+def test_claims_go_in_chunks_and_the_runs_upkeep_runs_between_them() -> None:
+    hold = threading.Event()
+    scheduler, store, clock, _ = fleet_of_one(1, hold=hold)
+    store.per_item = 0.0004  # each item costs 0.4 ms of the instance's time
+    scheduler.run_pending()
+    clock.advance(60 - (START % 60))  # the first slot: job0000's run begins and holds
+    scheduler.run_pending()
+    assert [r.job for r in scheduler.running()] == ["job0000"]
+    # 3,000 more jobs, due at the next slot.
+    for n in range(1, 3000):
+        scheduler.add_job(lambda: None, name=f"job{n:04d}", every=60)
+    scheduler.run_pending()
+    store.claim_batches.clear()
+    clock.advance(57)  # job0000's renewals are due every 3.3 s: one is due by the slot
+    scheduler.run_pending()
+    clock.advance(3)
+    scheduler.run_pending()
+    # Chunks of about 0.25 s of work each, not one batch of 3,000.
+    assert len(store.claim_batches) > 3
+    assert max(store.claim_batches) <= 1000
+    # The held run's renewal went out between two chunks, not after the last one.
+    renewals = [at for size, at in store.change_batches if size == 1]
+    assert renewals and renewals[-1] < clock.monotonic()
+    hold.set()
+
+
+def test_one_step_spends_at_most_a_quarter_of_the_lease_on_claims() -> None:
+    scheduler, store, clock, _ = fleet_of_one(5000, lease=4.0)
+    scheduler.run_pending()
+    store.per_item = 0.001  # 5 s for every claim: longer than the lease
+    clock.advance(60 - (START % 60))
+    began = clock.monotonic()
+    scheduler.run_pending()
+    # One step claimed about a quarter of the lease's worth (1 s), then returned.
+    claimed = sum(store.claim_batches)
+    assert 0 < claimed < 5000
+    assert clock.monotonic() - began < 4.0 * pacing.STEP_SHARE + pacing.CHUNK_TIME * 2
+    # The next steps claim the rest; every slot runs once.
+    while sum(store.claim_batches) < 5000:
+        scheduler.run_pending()
+    assert sum(store.claim_batches) == 5000
+
+
+def behind_instance() -> tuple[Scheduler, Counting, FakeClock, list[Event], threading.Event]:
+    """An instance holding one run whose renewal it sends 4 s late (40 % of its lease)."""
+    hold = threading.Event()
+    scheduler, store, clock, events = fleet_of_one(2, hold=hold)
+    scheduler.remove_job("job0001")
+    scheduler.add_job(lambda: None, name="job0001", every=5)
+    scheduler.run_pending()
+    clock.advance(60 - (START % 60))
+    scheduler.run_pending()
+    assert [r.job for r in scheduler.running()] == ["job0000"]
+    clock.advance(3.3 + 4.0)  # no step meanwhile: a starved process
+    return scheduler, store, clock, events, hold
+
+
+def test_an_instance_behind_on_its_renewals_defers_its_claims_and_says_so() -> None:
+    scheduler, store, clock, events, hold = behind_instance()
+    store.claim_batches.clear()
+    scheduler.run_pending()
+    deferred = [e for e in events if e.kind is EventKind.CLAIMS_DEFERRED]
+    assert len(deferred) == 1
+    assert "1 claims deferred" in deferred[0].detail and "4.0s late" in deferred[0].detail
+    assert store.claim_batches == []  # nothing claimed at that step
+    health = scheduler.health()
+    assert health.behind == pytest.approx(4.0, abs=0.05) and health.deferred == 1
+    # The run kept its lease: renewed at that step, it holds.
+    assert [r.job for r in scheduler.running()] == ["job0000"]
+    # Caught up: the next step claims what was deferred.
+    clock.advance(pacing.DEFER_PAUSE)
+    scheduler.run_pending()
+    assert store.claim_batches == [1]
+    assert scheduler.health().behind < 1.0
+    hold.set()
+
+
+def test_being_behind_is_shown_by_status_check_readyz_and_metrics() -> None:
+    scheduler, store, clock, _, hold = behind_instance()
+    metrics = Metrics(scheduler)
+    server = serve(scheduler, 0, "127.0.0.1", metrics=metrics, fail_behind=1.0)
+    try:
+        scheduler.run_pending()  # 4 s late: defers
+        assert _status(server.port, "/readyz") == 503
+        scraped = urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics").read()
+        behind = re.search(rb'anarchon_behind_seconds\{namespace="default"\} (\S+)', scraped)
+        assert behind is not None and float(behind[1]) == pytest.approx(4.0, abs=0.05)
+        assert b'anarchon_claims_deferred_total{namespace="default"} 1.0' in scraped
+        until = clock.monotonic() + 6  # past the next announcement (every 5 s)
+        while clock.monotonic() < until:  # on time again, and announced: the worst since
+            clock.advance(min(scheduler.run_pending(), 1.0))  # the last announcement
+        assert _status(server.port, "/readyz") == 200
+    finally:
+        server.close()
+        hold.set()
+    (record,) = store.instances()
+    assert record.info["behind"] == 4.0 and record.info["deferred"] == 1
+    out = io.StringIO()
+    instances(store, {}, out)
+    header, row = out.getvalue().splitlines()[2:4]
+    assert "behind" in header.split() and "4.0s, 1 claims deferred" in row
+    failing = check(store, clock.time(), host=None, instance="a", fail_behind=1.0)
+    assert [f.check for f in failing if not f.ok] == ["loop"]
+    assert "runs 4.0s behind (more than 1s)" in failing[-1].detail
+    assert all(f.ok for f in check(store, clock.time(), host=None, instance="a", fail_behind=5))
+    assert all(f.ok for f in check(store, clock.time(), host=None, instance="a"))
+
+
+def _status(port: int, path: str) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as answer:
+            return int(answer.status)
+    except urllib.error.HTTPError as error:
+        with error:
+            return int(error.code)
+
+
+def test_fail_behind_must_be_a_positive_number_of_seconds() -> None:
+    scheduler, *_ = fleet_of_one(1)
+    for bad in (-1, 0, "5s", True):
+        with pytest.raises(ConfigurationError, match="fail_behind"):
+            serve(scheduler, 0, "127.0.0.1", metrics=False, fail_behind=bad)  # type: ignore[arg-type]
