@@ -93,7 +93,14 @@ class Sizer:
             self._learn(len(chunk), self._clock.monotonic() - started)
 
     def _learn(self, size: int, took: float) -> None:
-        """Size the next chunk to take about :data:`CHUNK_TIME`, from how long ``size`` took."""
+        """Size the next chunk to take about :data:`CHUNK_TIME`, from how long ``size`` took.
+
+        A chunk smaller than the size that was quick says nothing (a round
+        trip's own cost would make a few items look slow); one that took too
+        long always shrinks the size.
+        """
+        if size < self.size and took <= CHUNK_TIME:
+            return
         wanted = MAX_CHUNK if took <= 0 else int(size * CHUNK_TIME / took)
         # Grow by at most 4 times at once: one quick answer is no promise.
         self.size = max(MIN_CHUNK, min(MAX_CHUNK, 4 * self.size, wanted))
@@ -150,6 +157,8 @@ class Pacer:
         lag = self.lag
         if lag.share <= BEHIND_SHARE:
             return False
+        if not due:
+            return True  # the backups' checks wait too; no claim to report
         self.deferred_total += len(due)
         self._unreported += len(due)
         now = self._clock.monotonic()
