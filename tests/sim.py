@@ -9,6 +9,7 @@ freezing stops driving it for a while, like SIGSTOP.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import math
 import random
@@ -262,7 +263,7 @@ def overloaded(
         for n, duration in enumerate(durations):
             scheduler.add_job(cluster.handler(duration), name=f"job{n:05d}", every=every)
         cluster.all[scheduler.instance] = scheduler
-        clock.spawn(lambda scheduler=scheduler: loop(scheduler), f"sim:{scheduler.instance}")
+        clock.spawn(functools.partial(loop, scheduler), f"sim:{scheduler.instance}")
     clock.advance(seconds)
     running.clear()
     clock.advance(lease)  # the loops see they are to end

@@ -38,20 +38,20 @@ class Counting(MemoryStore):
         self.claim_times: list[float] = []
         self.change_batches: list[tuple[int, float]] = []
         self.per_item = 0.0
-        self._clock = clock
+        self._fake = clock
 
     def _cost(self, items: int) -> None:
         if self.per_item:
-            self._clock.advance(self.per_item * items)
+            self._fake.advance(self.per_item * items)
 
     def claim_many(self, requests: Sequence[ClaimRequest], owner: str) -> list[Claim]:
         self.claim_batches.append(len(requests))
-        self.claim_times.append(self._clock.monotonic())
+        self.claim_times.append(self._fake.monotonic())
         self._cost(len(requests))
         return super().claim_many(requests, owner)
 
     def change_many(self, changes: Sequence[Change]) -> list[bool]:
-        self.change_batches.append((len(changes), self._clock.monotonic()))
+        self.change_batches.append((len(changes), self._fake.monotonic()))
         self._cost(len(changes))
         return super().change_many(changes)
 
