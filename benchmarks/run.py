@@ -17,7 +17,8 @@ One case::
         --jobs 1000 --instances 3 --every 10 --seconds 60
 
 The suite, each part a table of docs/benchmarks.md (``engine``: the cases of
-:data:`SUITE`; ``failover``: benchmarks/failover.py; ``celery``:
+:data:`SUITE`; ``overload``: the cases of :data:`OVERLOAD`, more jobs than the
+fleet keeps up with; ``failover``: benchmarks/failover.py; ``celery``:
 benchmarks/celery_beat.py; ``apscheduler``: benchmarks/apscheduler_peer.py
 beside anarchon on PostgreSQL); it needs the ``bench`` dependency group::
 
@@ -63,6 +64,14 @@ SUITE: list[tuple[Any, ...]] = [
     (POSTGRES, 1000, 3, 10.0, 60, 0.0),
     (POSTGRES, 10000, 3, 10.0, 60, 0.0),
     (REDIS, 1000, 3, 60.0, 120, 0.0, "* * * * *"),
+]
+#: The overload part: 100,000 jobs every minute x 3 instances, on Redis and on
+#: PostgreSQL (same tuple as :data:`SUITE`). Every minute the fleet has far more
+#: claims to send, and ends to record, than it can within a lease: slots may
+#: start late, or be missed, but none may run twice.
+OVERLOAD: list[tuple[Any, ...]] = [
+    (REDIS, 100000, 3, 60.0, 180, 0.0),
+    (POSTGRES, 100000, 3, 60.0, 180, 0.0),
 ]
 
 
@@ -309,13 +318,16 @@ def _drop(store: str, namespace: str) -> None:
 
 
 #: The parts of the suite: each a table of its own in docs/benchmarks.md.
-PARTS = ("engine", "failover", "celery", "apscheduler")
+PARTS = ("engine", "overload", "failover", "celery", "apscheduler")
 #: The engine's cases profiled with py-spy (their first instance, over the window).
 PROFILED = {(REDIS, 1000, 3), (REDIS, 10000, 10), (POSTGRES, 10000, 3)}
 
 
 #: Events that a fleet keeping up never reports.
 UNUSUAL = ("overlap", "finish_refused", "catch_up", "missed", "lost", "takeover")
+#: The overload part's table: the engine's, and the unusual events of every instance.
+_HEAD, _RULE = HEADER.splitlines()
+OVERLOAD_HEADER = f"{_HEAD} Unusual events |\n{_RULE}---|"
 #: The profiles of the last engine part: (case, rows of :func:`top_frames`).
 PROFILES: list[tuple[str, list[str]]] = []
 
@@ -342,6 +354,15 @@ def suite_part(part: str) -> tuple[str, list[str]]:
                 profiles.append((title, top_frames(profile)))
         PROFILES[:] = profiles
         return header, rows
+    if part == "overload":
+        print(OVERLOAD_HEADER, flush=True)
+        rows = []
+        for case in OVERLOAD:
+            result = run_case(*case)
+            unusual = ", ".join(f"{k} {result.events[k]}" for k in UNUSUAL if result.events[k])
+            rows.append(f"{result.row()} {unusual or 'none'} |")
+            print(rows[-1], flush=True)
+        return OVERLOAD_HEADER, rows
     if part == "failover":
         from benchmarks import failover
 
@@ -389,9 +410,11 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(top_frames(profile)), flush=True)
         return 0
     command = "python -m benchmarks.run " + " ".join(sys.argv[1:] if argv is None else argv)
-    for part in args.parts.split(","):
+    parts = args.parts.split(",")
+    for part in parts:  # every part named is checked before the first one runs
         if part not in PARTS:
             parser.error(f"--parts: {part!r} is not one of {', '.join(PARTS)}")
+    for part in parts:
         header, rows = suite_part(part)
         if args.write:
             _write(Path(args.write), part, header, rows, command)

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
-from benchmarks.run import HEADER, run_case, top_frames
+import pytest
+
+from benchmarks import run
+from benchmarks.run import HEADER, OVERLOAD_HEADER, POSTGRES, REDIS, Result, run_case, top_frames
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_a_short_benchmark_case_runs_every_slot_once(tmp_path: Path) -> None:
@@ -28,3 +35,51 @@ def test_a_profile_is_summed_by_function(tmp_path: Path) -> None:
     assert rows[0] == "| `Scheduler._step` | 80% | 20% |"
     assert "| `claim_many` | 60% | 60% |" in rows
     assert not any("Thread.run" in row for row in rows)
+
+
+def test_the_overload_part_runs_its_cases_into_its_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its wiring only: the 100,000-job cases themselves take minutes each."""
+    cases: list[tuple[Any, ...]] = []
+
+    def measured(*case: Any) -> Result:
+        cases.append(case)
+        store, jobs, instances, every, seconds, _ = case
+        return Result(
+            store,
+            jobs,
+            instances,
+            every,
+            seconds,
+            lateness=[0.2, 4.0, 9.0],
+            doubled=0,
+            missed=7,
+            busiest_share=0.4,
+            calls_per_tick=3.0,
+            cpu_share=0.9,
+            rss_mb=900,
+            events=Counter(catch_up=12, lost=0, missed=7),
+        )
+
+    monkeypatch.setattr(run, "run_case", measured)
+    page = tmp_path / "benchmarks.md"
+    page.write_text("before\n\n<!-- overload -->\n\nNot measured yet.\n\n<!-- /overload -->\n")
+    assert run.main(["--suite", "--parts", "overload", "--write", str(page)]) == 0
+    assert cases == [(REDIS, 100000, 3, 60.0, 180, 0.0), (POSTGRES, 100000, 3, 60.0, 180, 0.0)]
+    text = page.read_text()
+    assert text.startswith("before\n") and "Not measured yet" not in text
+    rows = [line for line in text.splitlines() if line.startswith(("| redis", "| postgresql"))]
+    assert len(rows) == 2
+    assert all(row.count("|") == OVERLOAD_HEADER.splitlines()[0].count("|") for row in rows)
+    assert rows[0].endswith("| catch_up 12, missed 7 |")
+    # The page of the repository has its place for the table.
+    assert "<!-- overload -->" in (ROOT / "docs" / "benchmarks.md").read_text()
+
+
+def test_an_unknown_part_is_refused_before_any_part_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    ran: list[str] = []
+    monkeypatch.setattr(run, "suite_part", lambda part: ran.append(part) or ("", []))
+    with pytest.raises(SystemExit):
+        run.main(["--suite", "--parts", "engine,overloaded"])
+    assert ran == []

@@ -12,6 +12,10 @@ Under ``anarchon demo`` an instance starts with SIGINT blocked (the demo
 starts it so), so the terminal's Ctrl-C, sent to the whole process group,
 leaves the instance to the demo, which stops it with one SIGTERM.
 
+``--jobs N`` declares N jobs on the same schedule instead of one: thousands
+of them due every second make a fleet that cannot keep up (the overload
+scenario starts such a fleet).
+
 Run it as ``python -m anarchon_core.tools.instance --store URL --name a --report FILE``.
 """
 
@@ -61,6 +65,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--name", required=True, help="instance name shown in reports")
     parser.add_argument("--report", required=True, help="file to append JSON lines to")
     parser.add_argument("--job", default="tick")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="how many jobs on the one schedule (more than one: named JOB00000, JOB00001, ...)",
+    )
     parser.add_argument("--every", type=float, default=2.0)
     parser.add_argument("--anchor", type=float, default=None, help="grid anchor, Unix seconds")
     parser.add_argument("--cron", default=None)
@@ -106,13 +116,15 @@ def main(argv: list[str] | None = None) -> None:
 
     # The handler that schedules stored at run time name (anarchon add JOB --handler work).
     scheduler.handler("work")(work)
-    if args.cron:
-        scheduler.add_job(work, name=args.job, cron=args.cron)
-    else:
-        anchor = None
-        if args.anchor is not None:
-            anchor = datetime.fromtimestamp(args.anchor, timezone.utc)
-        scheduler.add_job(work, name=args.job, every=args.every, anchor=anchor)
+    names = [args.job] if args.jobs == 1 else [f"{args.job}{k:05d}" for k in range(args.jobs)]
+    for name in names:
+        if args.cron:
+            scheduler.add_job(work, name=name, cron=args.cron)
+        else:
+            anchor = None
+            if args.anchor is not None:
+                anchor = datetime.fromtimestamp(args.anchor, timezone.utc)
+            scheduler.add_job(work, name=name, every=args.every, anchor=anchor)
     probes = None
     if args.metrics_port is not None:
         from ..probes import serve

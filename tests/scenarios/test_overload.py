@@ -1,0 +1,144 @@
+"""Overload: a fleet that cannot keep up runs slots late, or not at all, but never twice.
+
+Three instances share one SQLite file, with thousands of jobs due every
+second, a short lease and handlers that return at once: more claims than the fleet can
+send, and ends than it can record, in time. A fleet behind its schedule may
+start a slot late or miss it; it must never run a slot whose handler already
+ran again. That is what a lease that lapses while its instance is busy
+claiming other slots would do: another instance takes the slot over and runs
+it a second time.
+
+The report holds every start: a slot that ran twice shows as two start
+lines of one slot id. The test also proves that the fleet was overloaded: a
+slot started more than a lease late, or a slot due while every instance ran
+never started.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.fleet import Fleet, Line, per_slot, slot_seconds
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.scenario
+
+NAMES = ("a", "b", "c")
+#: The jobs of each instance, all due every second: far more than the fleet keeps up with
+#: (on a 2-core machine, only a fraction of them start).
+JOBS = 5000
+EVERY = 1
+#: Short, so that an instance busy for longer than this loses the runs it holds.
+LEASE = 2.0
+#: Seconds the fleet runs overloaded, from when every instance is up.
+RUN = 25.0
+#: How often the test reads the report while the fleet runs: rarely, to leave it the cores.
+POLL = 0.5
+#: The slots of the first seconds after the start-up, and of the last ones before the
+#: end, are not counted as missed: the start-up and the stop are not overload.
+EDGE = 3.0
+#: Events that an instance keeping up never reports.
+BEHIND = ("catch_up", "missed", "lost", "takeover", "finish_refused", "overlap")
+
+
+class Report:
+    """The report's lines, read as they are appended (each read parses only the new ones)."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._offset = 0
+        self.lines: list[Line] = []
+        #: The instances up, and the latest slot time (Unix seconds) started so far.
+        self.up: set[str] = set()
+        self.latest = 0.0
+
+    def read(self) -> list[Line]:
+        with open(self._path, "rb") as handle:
+            handle.seek(self._offset)
+            data = handle.read()
+        whole = data.rfind(b"\n") + 1  # a line being written is read next time
+        self._offset += whole
+        new = [json.loads(line) for line in data[:whole].splitlines() if line.strip()]
+        for line in new:
+            if line["kind"] == "up":
+                self.up.add(line["instance"])
+            elif line["kind"] == "start":
+                self.latest = max(self.latest, slot_seconds(line["slot_id"]))
+        self.lines += new
+        return self.lines
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> Iterator[Fleet]:
+    options = {"jobs": JOBS, "every": EVERY, "lease": LEASE, "work": 0, "jitter": 0}
+    pods = Fleet(tmp_path, f"sqlite:///{tmp_path / 'anarchon.db'}", **options)
+    yield pods
+    pods.stop_all()
+
+
+def running(fleet: Fleet) -> None:
+    """Fail at once if an instance exited."""
+    for name, proc in fleet.procs.items():
+        if proc.poll() is not None:
+            raise AssertionError(f"{name} exited with {proc.returncode}; {fleet.logs()}")
+
+
+def test_an_overloaded_fleet_runs_no_slot_twice(fleet: Fleet) -> None:
+    began_at = time.monotonic()
+    fleet.start(*NAMES, wait=False)
+    report = Report(fleet.report)
+
+    def up() -> bool:
+        running(fleet)
+        report.read()
+        return report.up == set(NAMES)
+
+    wait_until(up, 60, "every instance to be up", interval=POLL)
+    began = time.time()
+    end = began + RUN
+
+    def past_the_end() -> bool:
+        running(fleet)
+        report.read()
+        return report.latest >= end
+
+    wait_until(past_the_end, RUN + 30, f"a slot due {RUN:g}s on to start", interval=POLL)
+    fleet.stop_all()
+    lines = report.read()
+
+    starts = [x for x in lines if x["kind"] == "start"]
+    # The slots due while every instance ran: how late each started, and which never did.
+    due = range(int(began + EDGE) + 1, int(end - EDGE))
+    expected = {f"tick{k:05d}@{s * 1000}" for k in range(JOBS) for s in due}
+    late = sorted(x["t"] - slot_seconds(x["slot_id"]) for x in starts if x["slot_id"] in expected)
+    assert late, f"no slot due from {due.start} to {due.stop} ran: {fleet.tail()}"
+    missed = expected - {x["slot_id"] for x in starts}
+    events = Counter(x["kind"] for x in lines)
+    behind = {kind: events[kind] for kind in BEHIND if events[kind]}
+    seen = (
+        f"{len(late)} starts of the {len(expected)} slots due in {len(due)} s;"
+        f" lateness p50 {late[len(late) // 2]:.2f}s, p99 {late[int(len(late) * 0.99)]:.2f}s,"
+        f" max {late[-1]:.2f}s; {len(missed)} missed; events {behind};"
+        f" {time.monotonic() - began_at:.0f}s in all"
+    )
+    print(seen)
+    assert late[-1] > LEASE or missed, f"the fleet kept up, it was not overloaded: {seen}"
+
+    counts = per_slot(starts)
+    twice = {slot: n for slot, n in counts.items() if n > 1}
+    shown = sorted(twice)[:5]
+    told = {
+        slot: [
+            (x["kind"], x["instance"], x.get("attempt"), round(x["t"] - slot_seconds(slot), 2))
+            for x in lines
+            if x.get("slot_id") == slot
+        ]
+        for slot in shown
+    }
+    assert len(twice) == 0, f"{len(twice)} slots ran twice or more ({seen}); for instance {told}"
