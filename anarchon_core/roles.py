@@ -57,6 +57,8 @@ class Runner:
     slot: Slot
     run: Run
     next_renew: float
+    #: When the claim or takeover that granted the run was sent (monotonic).
+    granted: float = 0.0
     #: Whether the loss of this run was reported (event ``lost``).
     reported: bool = False
     #: Its handler returned (or never began): its end is on its way to the store, and
@@ -69,7 +71,7 @@ class Runner:
     def start(cls, slot: Slot, run: Run, sent_mono: float, options: JobOptions) -> Runner:
         """The runner of ``run``, whose lease the claim sent at ``sent_mono`` was granted."""
         run.hold_until(sent_mono + held_for(options.lease))
-        return cls(slot, run, sent_mono + options.renew_every)
+        return cls(slot, run, sent_mono + options.renew_every, sent_mono)
 
     def renewal_due(self, now_mono: float) -> bool:
         return self.next_renew <= now_mono

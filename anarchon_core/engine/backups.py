@@ -45,10 +45,12 @@ class Backups:
             table.checks_moved(checked)
 
     def _verdicts(self, checked: list[JobRuntime]) -> None:
-        """Read the records ``checked`` back up, and act on each verdict."""
+        """Read the records ``checked`` back up, act on each verdict: the lapsed ones are
+        taken over in one batch."""
         now_mono = self._ctx.clock.monotonic()
         gateway = self._ctx.gateway
         states = gateway.per_job(checked, checked, gateway.states)
+        lapsed: list[tuple[JobRuntime, JobState]] = []
         for rt, record in zip(checked, states, strict=True):
             backup = rt.backup
             if backup is None or isinstance(record, Exception):  # removed, or checked later
@@ -65,14 +67,19 @@ class Backups:
                 )
             elif verdict is Verdict.TAKE_OVER:
                 assert record is not None
-                self._take_over(rt, record)
+                lapsed.append((rt, record))
+        if lapsed:
+            self._take_over(lapsed)
 
-    def _take_over(self, rt: JobRuntime, record: JobState) -> None:
-        """Take ``record``'s slot over (compare-and-set on its token), as its next attempt."""
+    def _take_over(self, lapsed: list[tuple[JobRuntime, JobState]]) -> None:
+        """Take each record's slot over (compare-and-set on its token), as its next attempt,
+        in one batch; a takeover refused alone is tried again at its next check."""
+        gateway = self._ctx.gateway
         sent = self._ctx.clock.monotonic()
-        claim = self._ctx.gateway.takeover(rt, record)
-        if claim is None:
-            return  # the job is left alone after a bug
-        how = "hand-over" if record.state is RunState.RELEASED else "lease lapsed"
-        slot = Slot.from_ms(rt.job.name, record.slot_ms)
-        self._answers.act(rt, slot, claim, sent, Ask.TAKEOVER, EventKind.TAKEOVER, how)
+        claims = gateway.per_job([rt for rt, _ in lapsed], lapsed, gateway.takeovers)
+        for (rt, record), claim in zip(lapsed, claims, strict=True):
+            if isinstance(claim, Exception):
+                continue
+            how = "hand-over" if record.state is RunState.RELEASED else "lease lapsed"
+            slot = Slot.from_ms(rt.job.name, record.slot_ms)
+            self._answers.act(rt, slot, claim, sent, Ask.TAKEOVER, EventKind.TAKEOVER, how)

@@ -205,9 +205,12 @@ class Claims:
         The runs' upkeep goes between two chunks; the chunks the step's
         budget leaves are claimed at the next step (see :mod:`.pacing`).
         """
-        batch = self._batch(due, self._ctx.clock.time())
-        for chunk in pacer.chunks(batch):
-            self._claim_chunk(chunk)
+        for chunk in pacer.chunks(due):
+            # Each chunk's slots worked out when it is sent: the misses a backlog
+            # reports are work too, and the runs' upkeep goes between two chunks.
+            batch = self._batch(chunk, self._ctx.clock.time())
+            if batch:
+                self._claim_chunk(batch)
 
     def _claim_chunk(self, batch: Sequence[tuple[JobRuntime, Slot]]) -> None:
         """Claim every slot of ``batch`` in one round trip, and act on the answers."""

@@ -35,6 +35,7 @@ from ..store import (
     LeaseStore,
     RegistryStore,
     Store,
+    TakeoverRequest,
 )
 
 if TYPE_CHECKING:
@@ -161,21 +162,13 @@ class Gateway:
                 results.append(exc)
         return results
 
-    def takeover(self, rt: JobRuntime, record: JobState) -> Claim | None:
-        """Take ``record``'s slot over for ``rt`` (compare-and-set on its token); None if
-        the job is left alone after a bug."""
-        if rt.broken is not None:
-            return None
-        job, leases = rt.job, self.lease_store()
-        try:
-            return leases.takeover(
-                job.name, record.slot_ms, self._instance, job.options.lease, record.token
-            )
-        except Exception as exc:
-            if not is_bug(exc):
-                raise
-            self._broken(rt, exc)
-            return None
+    def takeovers(self, lapsed: list[tuple[JobRuntime, JobState]]) -> list[Claim]:
+        """One batch of takeovers, each of a record's slot (compare-and-set on its token)."""
+        requests = [
+            TakeoverRequest(rt.job.name, record.slot_ms, rt.options.lease, record.token)
+            for rt, record in lapsed
+        ]
+        return self.lease_store().takeover_many(requests, self._instance)
 
     def _broken(self, rt: JobRuntime, bug: Exception) -> None:
         """Leave ``rt``'s job alone after ``bug``: logged once, with its traceback.

@@ -47,6 +47,9 @@ FIRST_CHUNK = MIN_CHUNK
 STEP_SHARE = 0.25
 #: Renewals or finishes later than this share of their lease: claims are deferred.
 BEHIND_SHARE = 0.25
+#: A run whose handler would start later than this share of its lease after its claim
+#: was sent does not start: its end could not be recorded in time (released instead).
+START_SHARE = 0.5
 #: How long the loop waits before a step after one that deferred its claims (seconds).
 DEFER_PAUSE = 0.25
 #: The shortest time between two ``claims_deferred`` events (seconds).

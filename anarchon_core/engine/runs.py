@@ -26,7 +26,7 @@ from ..slots import Slot, shown
 from ..store import Change, JobState, RunState
 from .context import Context
 from .gateway import describe
-from .pacing import Lag, Sizer
+from .pacing import START_SHARE, Lag, Sizer
 
 log = logging.getLogger(__name__)
 
@@ -90,10 +90,12 @@ class Runs:
             if not previous.reported:
                 self.emit_lost(previous)
         runner = rt.runner = Runner.start(slot, run, sent, rt.options)
+        self._too_late_to_start(runner, rt)
         if run.lost:
-            # The claim's answer came after the lease it granted could be relied on:
-            # the handler does not start; the slot goes back for a backup (this
-            # instance too) to take over as the next attempt.
+            # The claim's answer came after the lease it granted could be relied on
+            # (or with too little of it left): the handler does not start; the slot
+            # goes back for a backup (this instance too) to take over as the next
+            # attempt.
             self.emit_lost(runner)
             rt.runner = None
             rt.backup = Backup.of_own(runner, ctx.clock.monotonic(), rt.options)
@@ -113,12 +115,25 @@ class Runs:
             self._threads = [t for t in self._threads if t.is_alive()]
             self._pruned_at = len(self._threads)
 
+    def _too_late_to_start(self, runner: Runner, rt: JobRuntime) -> bool:
+        """Whether more than :data:`~.pacing.START_SHARE` of the run's lease passed since
+        its claim was sent: then its handler does not start (the run is marked lost)."""
+        waited = self._ctx.clock.monotonic() - runner.granted
+        if waited <= START_SHARE * rt.options.lease:
+            return False
+        runner.run.mark_lost(
+            f"not started: {waited:.1f}s of its {rt.options.lease:g}s lease passed"
+            " between the claim and the start of its handler"
+        )
+        return True
+
     def _execute(self, rt: JobRuntime, runner: Runner) -> None:
         run, outcome, dispatch_failed = runner.run, RunState.DONE, False
         interrupted = False
-        if run.lost:
-            # Lost before its handler began (a starved process, a thread started late):
-            # the handler never starts, and the slot goes back for a backup to run it.
+        if self._too_late_to_start(runner, rt) or run.lost:
+            # Lost before its handler began, or so late that its end could not be
+            # recorded in time (a starved process, a thread started late): the
+            # handler never starts, and the slot goes back for a backup to run it.
             self._completed(rt, runner, RunState.RELEASED, interrupted=True, started=False)
             return
         try:
@@ -268,46 +283,45 @@ class Runs:
             if not runner.end_sent and not runner.run.lost:
                 self.lag.saw(now_mono - done.ended_mono, done.runtime.options.lease)
             runner.end_sent = True
-        sent = 0
-        try:
-            for chunk in self.sizer.split(pending):
-                sent += len(chunk)
-                self._finish(chunk)
-        except Exception:  # the chunks not sent yet are kept too: the step is retried
-            for unrecorded in pending[sent:]:
-                self._done.put(unrecorded)
-            raise
-
-    def _finish(self, pending: list[Completion]) -> None:
-        """Finish the runs of ``pending``, in one call."""
         for done in pending:
             if done.runner.run.lost and not done.runner.reported:
                 self.emit_lost(done.runner)
         ends = [self._end_change(done) for done in pending]
-        sent = [(done, change) for done, (change, _) in zip(pending, ends, strict=True) if change]
-        gateway, leases = self._ctx.gateway, self._ctx.gateway.leases
+        # Every end goes to the store first, chunk after chunk, before anything else is
+        # done of them (events, backups): what keeps a returned run from being run
+        # again is its end reaching the store within its lease.
+        answers: dict[int, bool | Exception] = {}
         try:
-            # Nothing is sent to a claim-only store (every end there is None, below).
-            results = (
-                []
-                if leases is None
-                else gateway.per_job(
-                    [done.runtime for done, _ in sent],
-                    [change for _, change in sent],
-                    leases.change_many,
-                )
+            self._send_ends(pending, ends, answers)
+        finally:
+            for i, (done, (change, retry)) in enumerate(zip(pending, ends, strict=True)):
+                answer = True if change is None else answers.get(i)
+                if answer is None or isinstance(answer, Exception):
+                    # Not answered (the step failed: it is retried), or this job's end
+                    # alone was refused: kept, and sent again later.
+                    self._done.put(done)
+                else:
+                    self._ended(done, answer, retry)
+
+    def _send_ends(
+        self,
+        pending: list[Completion],
+        ends: list[tuple[Change | None, bool]],
+        answers: dict[int, bool | Exception],
+    ) -> None:
+        """Send the ends to record, a chunk per call; each one's answer into ``answers``."""
+        gateway, leases = self._ctx.gateway, self._ctx.gateway.leases
+        if leases is None:
+            return  # a claim-only store: nothing to send (every end is None)
+        sent = [(i, change) for i, (change, _) in enumerate(ends) if change is not None]
+        for chunk in self.sizer.split(sent):
+            results = gateway.per_job(
+                [pending[i].runtime for i, _ in chunk],
+                [change for _, change in chunk],
+                leases.change_many,
             )
-        except Exception:  # kept until recorded: the step fails and is retried
-            for unrecorded in pending:
-                self._done.put(unrecorded)
-            raise
-        answers = iter(results)
-        for done, (change, retry) in zip(pending, ends, strict=True):
-            answer = True if change is None else next(answers)
-            if isinstance(answer, Exception):
-                self._done.put(done)  # this job's end alone was refused: tried again later
-                continue
-            self._ended(done, answer, retry)
+            for (i, _), result in zip(chunk, results, strict=True):
+                answers[i] = result
 
     def _completions(self) -> list[Completion]:
         """The completions queued so far, oldest slot first (an order threads cannot change)."""

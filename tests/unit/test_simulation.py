@@ -67,7 +67,7 @@ def test_a_runner_holding_past_its_lease_is_caught_with_its_replay(
 
 def test_a_backup_that_never_takes_over_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """(c): slots whose runner was killed are never run again."""
-    monkeypatch.setattr(Backups, "_take_over", lambda self, rt, record: None)
+    monkeypatch.setattr(Backups, "_take_over", lambda self, lapsed: None)
     assert "(c)" in first_violation(["kill"])
 
 
