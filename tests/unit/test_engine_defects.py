@@ -97,11 +97,11 @@ def test_a_bug_in_a_store_call_is_logged_and_its_job_left_alone_not_retried_as_a
 
 
 class BuggyTakeover(MemoryStore):
-    """A store whose takeover hits a bug of the store's code."""
+    """A store whose takeovers (the batch the engine sends) hit a bug of the store's code."""
 
     takeovers = 0
 
-    def takeover(self, *args: Any, **kwargs: Any) -> Any:
+    def takeover_many(self, *args: Any, **kwargs: Any) -> Any:
         self.takeovers += 1
         raise AttributeError("'NoneType' object has no attribute 'token'")
 
