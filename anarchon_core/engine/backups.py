@@ -39,7 +39,7 @@ class Backups:
         if not checked:
             return
         try:
-            for chunk in pacer.chunks(checked):
+            for chunk in pacer.chunks("backups", checked):
                 self._verdicts(chunk)
         finally:
             table.checks_moved(checked)

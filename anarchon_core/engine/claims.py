@@ -205,7 +205,7 @@ class Claims:
         The runs' upkeep goes between two chunks; the chunks the step's
         budget leaves are claimed at the next step (see :mod:`.pacing`).
         """
-        for chunk in pacer.chunks(due):
+        for chunk in pacer.chunks("claims", due):
             # Each chunk's slots worked out when it is sent: the misses a backlog
             # reports are work too, and the runs' upkeep goes between two chunks.
             batch = self._batch(chunk, self._ctx.clock.time())

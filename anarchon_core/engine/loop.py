@@ -68,7 +68,7 @@ class Loop:
         self.wake = wake
         self._close_store = close_store
         self.guard = StepGuard()
-        self.pacer = Pacer(ctx, self._upkeep, runs.lag, runs.sizer)
+        self.pacer = Pacer(ctx, self._upkeep, runs.lag)
         #: The last step deferred its claims: the next one waits a little.
         self._deferred = False
         self.stopping = threading.Event()

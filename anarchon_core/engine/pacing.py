@@ -117,11 +117,13 @@ class Pacer:
     step claims nothing because the runs' upkeep is behind.
     """
 
-    def __init__(self, ctx: Context, upkeep: Callable[[], None], lag: Lag, sizer: Sizer) -> None:
+    def __init__(self, ctx: Context, upkeep: Callable[[], None], lag: Lag) -> None:
         self._ctx = ctx
         self._upkeep = upkeep
         self.lag = lag
-        self.sizer = sizer
+        #: One chunk size per phase: an item of each costs its own (a claim won starts
+        #: a handler; a backup's check is a read).
+        self._sizers: dict[str, Sizer] = {}
         self._began = 0.0
         self._budget = float("inf")
         #: How late the runs' upkeep ran at the last step (seconds); 0 when on time.
@@ -176,12 +178,14 @@ class Pacer:
             self._reported_at, self._unreported = now, 0
         return True
 
-    def chunks(self, items: list[T]) -> Iterator[list[T]]:
-        """``items`` in chunks; the runs' upkeep between two; none once the budget is spent.
-
-        The items not yielded wait for the next step.
+    def chunks(self, phase: str, items: list[T]) -> Iterator[list[T]]:
+        """``items`` of ``phase`` in chunks; the runs' upkeep between two; none once the
+        budget is spent. The items not yielded wait for the next step.
         """
-        for n, chunk in enumerate(self.sizer.split(items)):
+        sizer = self._sizers.get(phase)
+        if sizer is None:
+            sizer = self._sizers[phase] = Sizer(self._clock)
+        for n, chunk in enumerate(sizer.split(items)):
             if n:
                 self._upkeep()
                 if self._clock.monotonic() - self._began >= self._budget:

@@ -52,7 +52,7 @@ class Runs:
         #: How late the renewals and finishes sent run, and how many go in one call
         #: (see :mod:`.pacing`).
         self.lag = Lag()
-        self.sizer = Sizer(ctx.clock)
+        self._renewals, self._ends = Sizer(ctx.clock), Sizer(ctx.clock)
         self._wake = wake
         self._inline = inline
         self._done: queue.SimpleQueue[Completion] = queue.SimpleQueue()
@@ -208,7 +208,7 @@ class Runs:
             and runner.run.handed_off_lease is None
             and runner.renewal_due(now_mono)
         ]
-        for chunk in self.sizer.split(due):
+        for chunk in self._renewals.split(due):
             self._renew(chunk)
 
     def _renew(self, due: list[tuple[JobRuntime, Runner]]) -> None:
@@ -314,7 +314,7 @@ class Runs:
         if leases is None:
             return  # a claim-only store: nothing to send (every end is None)
         sent = [(i, change) for i, (change, _) in enumerate(ends) if change is not None]
-        for chunk in self.sizer.split(sent):
+        for chunk in self._ends.split(sent):
             results = gateway.per_job(
                 [pending[i].runtime for i, _ in chunk],
                 [change for _, change in chunk],

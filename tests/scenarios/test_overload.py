@@ -89,12 +89,6 @@ def running(fleet: Fleet) -> None:
             raise AssertionError(f"{name} exited with {proc.returncode}; {fleet.logs()}")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: on a 2-core machine this starved fleet still runs a few hundred slots"
-    " twice (a returned handler's end reaches the store after its 2 s lease lapsed); see"
-    " docs/failure-scenarios.md#the-fleet-cannot-keep-up",
-)
 def test_an_overloaded_fleet_runs_no_slot_twice(fleet: Fleet) -> None:
     began_at = time.monotonic()
     fleet.start(*NAMES, wait=False)
