@@ -170,6 +170,7 @@ def test_state_shows_the_jobs_and_instances_of_a_running_scheduler(
         assert instance["jobs"] == 1
         assert 0 <= instance["seen"] < 10
         assert instance["holds"] == ["tick"]
+        assert instance["behind"] == 0 and instance["deferred"] == 0  # it keeps up
         release.set()
 
         # Once it finished: done, a last success, no lease held, a timeline of its runs.

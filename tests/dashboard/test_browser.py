@@ -255,6 +255,8 @@ def test_the_dashboard_shows_the_fleet_and_pauses_a_job_on_every_instance(
             seen=lambda: tables(browser),
         )
         assert "2 job(s), 3 live instance(s)" in shown["summary"], shown["summary"]
+        # None of them is behind on its runs: the column says so.
+        assert [i["cells"]["behind"] for i in shown["instances"]] == ["-"] * 3, shown
 
         # 3. It follows the slots as they pass: the last slot and the update time move.
         before = row(shown, TICK)
