@@ -200,13 +200,14 @@ def test_status_lists_the_live_instances_and_what_each_holds(target: Target) -> 
         lines = done.stdout.splitlines()
         at = lines.index("1 live instance(s)")
         assert lines[at + 1].split() == [
-            "instance", "host", "pid", "version", "jobs", "seen", "holds"
+            "instance", "host", "pid", "version", "jobs", "seen", "behind", "holds"
         ]  # fmt: skip
         row = lines[at + 2].split()
         assert row[:3] == [cron.instance, HOST, str(os.getpid())]
         assert row[4] == "1"  # one job declared
         assert re.fullmatch(r"\d+\.\d", row[5].removesuffix("s")) and row[6] == "ago"
-        assert row[7] == "hold"  # the run it holds now
+        assert row[7] == "-"  # it keeps up: not behind, no claim deferred
+        assert row[8] == "hold"  # the run it holds now
         assert len(lines) == at + 3
     finally:
         release.set()
