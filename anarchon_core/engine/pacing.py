@@ -49,7 +49,7 @@ STEP_SHARE = 0.25
 BEHIND_SHARE = 0.25
 #: A run whose handler would start later than this share of its lease after its claim
 #: was sent does not start: its end could not be recorded in time (released instead).
-START_SHARE = 0.5
+START_SHARE = 0.75
 #: How long the loop waits before a step after one that deferred its claims (seconds).
 DEFER_PAUSE = 0.25
 #: The shortest time between two ``claims_deferred`` events (seconds).

@@ -28,6 +28,7 @@ from tests.sim import FAULTS, Chaos, Cluster, Violation, main, overloaded, start
 CHUNKS = [range(k, k + 4) for k in range(0, 40, 4)]
 
 
+@pytest.mark.timeout(600)  # four ten-minute seeds: about 30 s on an idle core
 @pytest.mark.parametrize("seeds", CHUNKS, ids=lambda r: f"seeds{r.start}-{r.stop - 1}")
 def test_fixed_seeds_keep_every_invariant(seeds: range) -> None:
     steps = faults = 0
