@@ -27,6 +27,9 @@ ON_TIME = 1.0
 #: the store on a busy host, and for clocks that differ a little. At most a
 #: tenth of the schedule's interval.
 PEER_MARGIN = 1.0
+#: Seconds before a renewal the store refused alone (an error about this run only) is
+#: sent again: soon, for the lease's sake, but not in a loop.
+RENEW_RETRY = 0.1
 #: States of a run that has ended: nothing to back up.
 ENDED = (RunState.DONE, RunState.FAILED)
 
@@ -82,8 +85,14 @@ class Runner:
         return self.run.hold_until(sent_mono + held_for(options.lease))
 
     def retry_renewal(self, now_mono: float) -> None:
-        """A renewal failed: try again soon, not after a whole renewal period."""
+        """A renewal is on its way: should it fail, it is tried again soon, not after a
+        whole renewal period."""
         self.next_renew = now_mono
+
+    def renewal_refused(self, now_mono: float, options: JobOptions) -> None:
+        """The store refused this renewal alone: tried again after :data:`RENEW_RETRY`
+        (at once, it would only be refused again, in a loop)."""
+        self.next_renew = now_mono + min(RENEW_RETRY, options.renew_every)
 
 
 @dataclass

@@ -385,7 +385,10 @@ def metrics_and_probes_served(pods: Fleet, port: int, job: str) -> None:
             samples = scraped(port)
         except OSError:  # not served yet: the scheduler starts after the workers boot
             return {}
-        return samples if samples.get(("anarchon_slots_dispatched_total", labels), 0) >= 3 else {}
+        # Both counters: one scrape reads them one after the other, so a slot won between
+        # the two reads shows in the second only.
+        counters = ("anarchon_slots_won_total", "anarchon_slots_dispatched_total")
+        return samples if all(samples.get((c, labels), 0) >= 3 for c in counters) else {}
 
     samples = wait_until(
         pods.watch(lambda ls: counted()), 60, f"3 slots of {job} counted on :{port}", seen=pods.tail

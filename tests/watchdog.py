@@ -23,7 +23,8 @@ from typing import IO
 import pytest
 
 #: Seconds one test (setup, call and teardown) may take before its process
-#: is ended; above pytest-timeout's limit, which interrupts it first when it can.
+#: is ended; above pytest-timeout's limit, which interrupts it first when it can
+#: (a test marked with a longer timeout gets that timeout and a minute more).
 HANG = float(os.environ.get("ANARCHON_TEST_HANG_SECONDS", "300"))
 _DIR = "ANARCHON_TEST_HANG_DIR"
 
@@ -38,9 +39,12 @@ def _dir() -> Path:
 def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
     out: IO[str] = open(_dir() / f"{worker}.log", "w")  # noqa: SIM115 - kept open for the C thread
-    out.write(f"{item.nodeid} ran past {HANG:.0f} s; every thread's stack:\n")
+    # A test given a longer pytest-timeout gets as long here, and a minute more.
+    marker = item.get_closest_marker("timeout")
+    hang = max(HANG, float(marker.args[0]) + 60) if marker and marker.args else HANG
+    out.write(f"{item.nodeid} ran past {hang:.0f} s; every thread's stack:\n")
     out.flush()
-    faulthandler.dump_traceback_later(HANG, exit=True, file=out)
+    faulthandler.dump_traceback_later(hang, exit=True, file=out)
     try:
         yield
     finally:

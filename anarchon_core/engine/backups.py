@@ -13,9 +13,17 @@ from ..events import EventKind
 from ..roles import JobRuntime, Verdict
 from ..slots import Slot
 from ..store import JobState, RunState
-from .claims import Answers, Ask
+from .claims import CLAIM_RETRY, Answers, Ask
 from .context import Context
 from .pacing import Pacer
+
+
+def retry(rt: JobRuntime, now_mono: float) -> None:
+    """A check or takeover of ``rt``'s slot that did not happen (the store refused it) is
+    tried again after a pause, as a refused claim is: at once, it would only be refused
+    again, in a loop."""
+    if rt.backup is not None:
+        rt.backup.next_check = now_mono + min(rt.options.watch, CLAIM_RETRY)
 
 
 class Backups:
@@ -53,7 +61,10 @@ class Backups:
         lapsed: list[tuple[JobRuntime, JobState]] = []
         for rt, record in zip(checked, states, strict=True):
             backup = rt.backup
-            if backup is None or isinstance(record, Exception):  # removed, or checked later
+            if backup is None:  # removed
+                continue
+            if isinstance(record, Exception):  # refused: read again after a pause
+                retry(rt, now_mono)
                 continue
             verdict = backup.verdict(record, now_mono, rt.options)
             if verdict is Verdict.DROP:
@@ -67,18 +78,19 @@ class Backups:
                 )
             elif verdict is Verdict.TAKE_OVER:
                 assert record is not None
+                retry(rt, now_mono)  # should the takeover not happen now
                 lapsed.append((rt, record))
         if lapsed:
             self._take_over(lapsed)
 
     def _take_over(self, lapsed: list[tuple[JobRuntime, JobState]]) -> None:
         """Take each record's slot over (compare-and-set on its token), as its next attempt,
-        in one batch; a takeover refused alone is tried again at its next check."""
+        in one batch; a takeover refused alone is tried again after a pause."""
         gateway = self._ctx.gateway
         sent = self._ctx.clock.monotonic()
         claims = gateway.per_job([rt for rt, _ in lapsed], lapsed, gateway.takeovers)
         for (rt, record), claim in zip(lapsed, claims, strict=True):
-            if isinstance(claim, Exception):
+            if isinstance(claim, Exception):  # refused: checked again after a pause
                 continue
             how = "hand-over" if record.state is RunState.RELEASED else "lease lapsed"
             slot = Slot.from_ms(rt.job.name, record.slot_ms)

@@ -228,7 +228,8 @@ class Runs:
         for (rt, runner), accepted in zip(due, answers, strict=True):
             run = runner.run
             if isinstance(accepted, Exception):
-                continue  # tried again at the next step
+                runner.renewal_refused(sent, rt.options)
+                continue
             if not accepted:
                 run.mark_lost("renewal refused: another instance took the slot over")
             elif not runner.renewed(sent, rt.options) and not runner.returned:

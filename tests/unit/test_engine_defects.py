@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,7 +13,7 @@ import pytest
 from anarchon_core import Event, Scheduler
 from anarchon_core.clock import FakeClock
 from anarchon_core.due import DueIndex
-from anarchon_core.store import Change, ClaimRequest
+from anarchon_core.store import Change, ClaimRequest, RunState
 from anarchon_core.stores.memory import MemoryStore
 
 
@@ -155,3 +156,70 @@ def test_a_bug_in_a_renewal_tells_the_run_it_lost_and_the_loop_does_not_spin(
     assert runs[0].lost and "bug" in runs[0].lost_reason
     assert min(delays[-10:]) > 0
     assert len([r for r in caplog.records if r.exc_info]) == 1
+
+
+class Refusing(MemoryStore):
+    """A store whose server refuses the calls of some kinds about one job (a read-only
+    replica answering them with an error); every other call goes through."""
+
+    def __init__(self, clock: FakeClock, refused: set[str]) -> None:
+        super().__init__(clock=clock)
+        self.refused = refused
+        self.calls: Counter[str] = Counter()
+
+    def _check(self, kind: str, names: list[str]) -> None:
+        if kind in self.refused and "job" in names:
+            self.calls[kind] += 1
+            raise RuntimeError("READONLY You can't write against a read only replica.")
+
+    def states(self, jobs: Any) -> Any:
+        jobs = list(jobs)
+        self._check("states", jobs)
+        return super().states(jobs)
+
+    def takeover_many(self, requests: Any, owner: str) -> Any:
+        requests = list(requests)
+        self._check("takeover", [r.job for r in requests])
+        return super().takeover_many(requests, owner)
+
+    def change_many(self, changes: Any) -> Any:
+        changes = list(changes)
+        self._check("renew", [c.job for c in changes if c.state is RunState.RUNNING])
+        return super().change_many(changes)
+
+
+def steps_for(s: Scheduler, clock: FakeClock, seconds: float) -> int:
+    """How many steps the loop takes in ``seconds``, sleeping as long as each step asks."""
+    end, steps = clock.time() + seconds, 0
+    while clock.time() < end:
+        steps += 1
+        clock.advance(max(s.run_pending(), 0.001))
+    return steps
+
+
+@pytest.mark.parametrize("refused", ["states", "takeover", "renew"])
+def test_a_call_the_store_refuses_for_one_job_is_retried_after_a_pause_not_in_a_loop(
+    refused: str,
+) -> None:
+    """A backup's check, a takeover or a renewal refused for one job alone is tried again
+    after a pause: retried at once, the loop would spin, hammering the store and a core,
+    for as long as the refusals last."""
+    clock = FakeClock()
+    store = Refusing(clock, set())
+    s = Scheduler(store, clock=clock, instance="a", lease=3, watch=1)
+    s.add_job(lambda: clock.sleep(30), name="job", every=60, jitter=0)
+    s.run_pending()
+    slot_at = s.upcoming()["job"][0]
+    assert slot_at is not None
+    clock.advance(slot_at - clock.time())
+    if refused == "renew":
+        s.run_pending()  # claimed here: its handler runs for 30 s
+        assert s.running()
+    else:
+        store.claim("job", int(slot_at * 1000), "gone", 3)  # another instance, which dies
+    store.refused = {refused}
+    steps = steps_for(s, clock, 20)
+    assert store.calls[refused] >= 2, store.calls  # refused, and tried again
+    # A step per pause, not one per millisecond.
+    assert steps < 20 * 15, (steps, store.calls)
+    assert store.calls[refused] < 20 * 15, store.calls

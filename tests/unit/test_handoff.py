@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import sys
 import threading
-import time
 from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
@@ -16,18 +15,24 @@ from anarchon_core import Change, DispatchFailed, RunState, handoff
 from anarchon_core.decide import END_STATES
 from anarchon_core.handoff import ExecutionLease, Executions, HandOff, SkipWork, dispatch
 from anarchon_core.stores.memory import MemoryStore
+from tests.waiting import wait_until
 
 
 class Refusing(MemoryStore):
     """A store whose server answers some writes with an error (Redis MISCONF, say)."""
 
     failures = 0
+    #: Renewals the store accepted since its last error.
+    renewed = 0
 
     def renew(self, job: str, token: int, lease: float) -> bool:
         if self.failures:
             self.failures -= 1
+            self.renewed = 0
             raise RuntimeError("MISCONF Redis is configured to save RDB snapshots")
-        return super().renew(job, token, lease)
+        accepted = super().renew(job, token, lease)
+        self.renewed += accepted
+        return accepted
 
     def change_many(self, changes: Sequence[Change]) -> list[bool]:
         if any(change.state in END_STATES for change in changes):  # finish, release
@@ -48,9 +53,10 @@ def test_the_worker_keeps_renewing_after_a_server_error(caplog: pytest.LogCaptur
     state = store.state("job")
     assert state is not None and state.state is RunState.RUNNING  # picked up
     store.failures = 2
-    time.sleep(1.0)  # renewals every 0.1 s: two fail, the next ones succeed
+    # Renewals every 0.1 s: two fail, the next ones succeed.
+    wait_until(lambda: not store.failures and store.renewed, 10, "a renewal after the errors")
     state = store.state("job")
-    assert state is not None and state.lease_remaining > 0.15
+    assert state is not None and state.state is RunState.RUNNING
     assert "could not renew job@1000: MISCONF" in caplog.text
     lease.stop_renewing()
 
@@ -275,12 +281,17 @@ class Buggy(MemoryStore):
     """A store whose renew has a bug."""
 
     bugs = 1
+    #: Renewals the store accepted since its last error.
+    renewed = 0
 
     def renew(self, job: str, token: int, lease: float) -> bool:
         if self.bugs:
             self.bugs -= 1
+            self.renewed = 0
             raise TypeError("renew() got an unexpected keyword argument 'ttl'")
-        return super().renew(job, token, lease)
+        accepted = super().renew(job, token, lease)
+        self.renewed += accepted
+        return accepted
 
 
 def test_a_bug_in_taking_the_lease_skips_the_work_and_is_logged_with_its_traceback(
@@ -321,9 +332,10 @@ def test_a_bug_in_a_renewal_is_logged_with_its_traceback_and_renewing_goes_on(
     lease = ExecutionLease(store, ticket_for(store, lease=0.3), Executions())
     assert lease.pick_up()
     store.bugs = 1
-    time.sleep(0.5)  # renewals every 0.1 s: one fails, the next ones succeed
+    # Renewals every 0.1 s: one fails, the next ones succeed.
+    wait_until(lambda: not store.bugs and store.renewed, 10, "a renewal after the bug")
     state = store.state("job")
-    assert state is not None and state.lease_remaining > 0.15
+    assert state is not None and state.state is RunState.RUNNING
     lease.stop_renewing()
     (record,) = [r for r in caplog.records if "could not renew" in r.getMessage()]
     assert record.levelno == logging.ERROR and record.exc_info is not None
