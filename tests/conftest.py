@@ -240,17 +240,12 @@ def _long(item: pytest.Item) -> bool:
     return item.get_closest_marker("scenario") is not None or item.path.stem == "test_simulation"
 
 
-#: Tests that starve the machine on purpose (an overloaded fleet): run last, once the
-#: scenarios whose timing they would upset are done.
-HOGS = {"test_overload"}
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark the fast tier (``-m fast``): unit, docs, and the memory and SQLite stores."""
     tests = Path(__file__).parent
     # The longest tests first (the multi-process scenarios, the simulation's seeds): one
     # of them started last would keep the whole run waiting for it alone.
-    items.sort(key=lambda item: (item.path.stem in HOGS, not _long(item)))
+    items.sort(key=lambda item: not _long(item))
     for item in items:
         parts = item.path.relative_to(tests).parts
         if (

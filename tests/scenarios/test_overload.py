@@ -1,24 +1,28 @@
 """Overload: a fleet that cannot keep up runs slots late, or not at all, but never twice.
 
 Three instances share one SQLite file, with thousands of jobs due every
-second, a short lease and handlers that return at once: more claims than the fleet can
-send, and ends than it can record, in time. A fleet behind its schedule may
-start a slot late or miss it; it must never run a slot whose handler already
-ran again. That is what a lease that lapses while its instance is busy
-claiming other slots would do: another instance takes the slot over and runs
-it a second time.
+second and handlers that return at once, each instance held to a tenth of a
+core by a CPU quota (a CFS quota, as a Kubernetes pod's CPU limit is): more
+claims than the fleet can send, and ends than it can record, in time. A
+fleet behind its schedule may start a slot late or miss it; it must never
+run a slot whose handler already ran again. That is what a lease that lapses
+while its instance is busy claiming other slots would do: another instance
+takes the slot over and runs it a second time.
 
-The report holds every start: a slot that ran twice shows as two start
-lines of one slot id. The test also proves that the fleet was overloaded: a
-slot started more than a lease late, or a slot due while every instance ran
-never started.
+The quota keeps the fleet overloaded whatever the machine, using little of
+it (the tests beside it keep their cores). The report holds every start: a
+slot that ran twice shows as two start lines of one slot id. The test also
+proves that the fleet was overloaded: a slot started more than a lease late,
+or a slot due while every instance ran never started.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
+import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,17 +30,23 @@ from pathlib import Path
 import pytest
 
 from tests.fleet import Fleet, Line, per_slot, slot_seconds
+from tests.servers import unavailable
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.scenario
 
 NAMES = ("a", "b", "c")
-#: The jobs of each instance, all due every second: far more than the fleet keeps up with
-#: (on a 2-core machine, only a fraction of them start).
-JOBS = 5000
+#: The jobs of each instance, all due every second: far more than an instance held to
+#: :data:`CPU` keeps up with (only a fraction of them start).
+JOBS = 2000
 EVERY = 1
-#: Short, so that an instance busy for longer than this loses the runs it holds.
-LEASE = 2.0
+#: Short, so that an instance busy for longer than this loses the runs it holds; long
+#: enough that a machine busy with other tests never stops a process for as long.
+LEASE = 4.0
+#: The share of a core each instance may use (its CFS quota per period).
+CPU = 0.1
+#: Where the kernel's CPU controller (cgroup v1) lets a process be given a quota.
+CGROUPS = Path("/sys/fs/cgroup/cpu")
 #: Seconds the fleet runs overloaded, from when every instance is up.
 RUN = 25.0
 #: How often the test reads the report while the fleet runs: rarely, to leave it the cores.
@@ -75,6 +85,49 @@ class Report:
         return self.lines
 
 
+class CpuLimits:
+    """A CPU quota of its own for each process given to it (a cgroup per process)."""
+
+    def __init__(self, share: float) -> None:
+        self.share = share
+        self.groups: list[Path] = []
+        self._tag = uuid.uuid4().hex[:8]
+
+    @staticmethod
+    def usable() -> bool:
+        return os.access(CGROUPS, os.W_OK) and (CGROUPS / "cpu.cfs_quota_us").exists()
+
+    def limit(self, name: str, pid: int) -> None:
+        group = CGROUPS / f"anarchon-{self._tag}-{name}"
+        group.mkdir()
+        self.groups.append(group)
+        period = int((group / "cpu.cfs_period_us").read_text())
+        (group / "cpu.cfs_quota_us").write_text(str(int(period * self.share)))
+        (group / "cgroup.procs").write_text(str(pid))  # the process and all its threads
+
+    def throttled(self) -> float:
+        """Seconds the processes were held back by their quota, in all."""
+        total = 0
+        for group in self.groups:
+            stat = dict(line.split() for line in (group / "cpu.stat").read_text().splitlines())
+            total += int(stat.get("throttled_time", 0))
+        return total / 1e9
+
+    def close(self) -> None:
+        for group in self.groups:  # empty once its process exited
+            with contextlib.suppress(OSError):
+                group.rmdir()
+
+
+@pytest.fixture
+def limits() -> Iterator[CpuLimits]:
+    if not CpuLimits.usable():
+        unavailable(f"a writable CPU controller at {CGROUPS} (root, cgroup v1)")
+    made = CpuLimits(CPU)
+    yield made
+    made.close()
+
+
 @pytest.fixture
 def fleet(tmp_path: Path) -> Iterator[Fleet]:
     options = {"jobs": JOBS, "every": EVERY, "lease": LEASE, "work": 0, "jitter": 0}
@@ -90,14 +143,11 @@ def running(fleet: Fleet) -> None:
             raise AssertionError(f"{name} exited with {proc.returncode}; {fleet.logs()}")
 
 
-@pytest.mark.skipif(
-    int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 2,
-    reason="it starves the machine on purpose, which upsets the timing of the tests"
-    " beside it: run it alone (python -m pytest tests/scenarios/test_overload.py)",
-)
-def test_an_overloaded_fleet_runs_no_slot_twice(fleet: Fleet) -> None:
+def test_an_overloaded_fleet_runs_no_slot_twice(limits: CpuLimits, fleet: Fleet) -> None:
     began_at = time.monotonic()
     fleet.start(*NAMES, wait=False)
+    for name in NAMES:
+        limits.limit(name, fleet.procs[name].pid)
     report = Report(fleet.report)
 
     def up() -> bool:
@@ -131,6 +181,7 @@ def test_an_overloaded_fleet_runs_no_slot_twice(fleet: Fleet) -> None:
         f"{len(late)} starts of the {len(expected)} slots due in {len(due)} s;"
         f" lateness p50 {late[len(late) // 2]:.2f}s, p99 {late[int(len(late) * 0.99)]:.2f}s,"
         f" max {late[-1]:.2f}s; {len(missed)} missed; events {behind};"
+        f" held back by the quota {limits.throttled():.0f}s;"
         f" {time.monotonic() - began_at:.0f}s in all"
     )
     print(seen)
