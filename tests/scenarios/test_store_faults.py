@@ -366,9 +366,10 @@ def test_runner_behind_a_silent_link_sees_run_lost_before_the_takeover(
             entry.lost_at = time.monotonic()
         entry.ended = time.monotonic()
 
-    # One slot only, a second from now: the next is a minute later, so no newer
-    # slot can supersede the lapsed one before the backup takes it over.
-    anchor = datetime.fromtimestamp(round(time.time() + 1.0, 3), timezone.utc)
+    # One slot only, three seconds from now (time for a busy machine to start the
+    # instance): the next is a minute later, so no newer slot can supersede the
+    # lapsed one before the backup takes it over.
+    anchor = datetime.fromtimestamp(round(time.time() + 3.0, 3), timezone.utc)
 
     def scheduler(store_url: str, instance: str) -> Scheduler:
         made = Scheduler(store_url, namespace=namespace, instance=instance)
@@ -381,7 +382,7 @@ def test_runner_behind_a_silent_link_sees_run_lost_before_the_takeover(
         proxied.start()
         first: Attempt = wait_until(
             attempts.watch(lambda xs: next(iter(xs), None)),
-            10,
+            30,
             "the proxied instance's run",
             seen=attempts.all,
         )
