@@ -214,6 +214,7 @@ def _moment_id(value: object) -> str:
 @pytest.mark.parametrize(("after", "delay"), _ctrl_c_moments(), ids=_moment_id)
 def test_ctrl_c_at_any_moment_leaves_no_process_behind(after: str, delay: float) -> None:
     argv = [sys.executable, "-m", "anarchon_core.cli", "demo", "--interval", "1"]
+    launched = time.monotonic()
     proc = subprocess.Popen(
         [*argv, "--duration", str(CTRL_C_DEMO)],
         stdout=subprocess.PIPE,
@@ -250,6 +251,9 @@ def test_ctrl_c_at_any_moment_leaves_no_process_behind(after: str, delay: float)
         # Ctrl-C in a terminal signals the whole process group: the demo and its instances.
         os.killpg(proc.pid, signal.SIGINT)
         pressed = time.monotonic()
+        # The demo's own clock starts after its launch: pressed sooner than its duration
+        # after the launch, the press surely came before the demo's natural end.
+        before_the_end = pressed - launched < CTRL_C_DEMO
         proc.wait(STOP_GRACE + 10)
         took = time.monotonic() - pressed
         # The demo reaps every instance before it returns: nothing of its group remains.
@@ -267,6 +271,6 @@ def test_ctrl_c_at_any_moment_leaves_no_process_behind(after: str, delay: float)
     assert proc.returncode == 0, errors
     assert "Traceback" not in errors
     assert re.search(r"slots: \d+, duplicates: 0", text), text
-    if after != "anarchon demo:" or delay < CTRL_C_DEMO - 1:
+    if before_the_end:
         assert "interrupted" in text, text
     assert took < STOP_GRACE + 5, f"{took:.1f} s to stop:\n{text}"

@@ -326,6 +326,10 @@ def check_records(
 examples = itertools.count()
 
 
+# Hypothesis compares the global ``random`` state before and after drawing the
+# examples; these strategies never touch it, but a thread of another test in this
+# process may (a client library's own choices), which Hypothesis then blames here.
+@pytest.mark.filterwarnings("ignore:Do not use the `random` module inside strategies")
 @settings(
     max_examples=EXAMPLES,
     deadline=None,
