@@ -251,15 +251,18 @@ def fleets(cls: type[F], tmp_path: Path) -> Iterator[Callable[..., F]]:
         fleet.stop_all()
 
 
-def assert_each_second_once(starts: list[Line], last: float, pods: Fleet | None = None) -> None:
-    """From the first slot run (the fleet is up) to ``last``: every second once.
+def assert_each_second_once(
+    starts: list[Line], last: float, pods: Fleet | None = None, every: int = 1
+) -> None:
+    """From the first slot run (the fleet is up) to ``last``: every second (every
+    ``every`` seconds) once.
 
     A failure names the slots missed or run twice, with what ``pods`` logged
     about them.
     """
     first = min(slot_seconds(x["slot_id"]) for x in starts)
     counts = per_slot([x for x in starts if slot_seconds(x["slot_id"]) <= last])
-    expected = {int(first) + k for k in range(int(last) - int(first) + 1)}
+    expected = {int(first) + k for k in range(0, int(last) - int(first) + 1, every)}
     missed = sorted(expected - {int(slot_seconds(s)) for s in counts})
     job = starts[0]["job"]
     told = pods.mentions(*(f"{job}@{s * 1000}" for s in missed)) if pods and missed else []

@@ -21,6 +21,11 @@ from tests.waiting import wait_until
 pytestmark = pytest.mark.scenario
 
 FAST = {"every": 1, "work": 0.2}
+#: With Celery, a slot's record is held until a worker picks its message up and
+#: finishes it: on a machine loaded by the whole suite that can take over a second,
+#: and the next slot is then skipped as an overlap (as it must be). Every 2 s leaves
+#: the workers that time; the slots are still claimed, sent and run once each.
+FAST_CELERY = {"every": 2, "work": 0.2}
 MINUTELY = {"cron": "* * * * *", "work": 0.2}
 
 
@@ -57,7 +62,8 @@ def run_until(pods: Pods, job: str, slots: int) -> None:
 def test_three_pods_run_every_slot_once(
     fleet: Callable[..., Pods], framework: str, setup: str, request: pytest.FixtureRequest
 ) -> None:
-    schedule = {"fast": FAST, "minutely": MINUTELY}
+    every = 2 if framework == "celery" else 1
+    schedule = {"fast": FAST_CELERY if framework == "celery" else FAST, "minutely": MINUTELY}
     if setup in ("redis-broker", "redis"):
         pods = fleet(request.getfixturevalue("redis_broker"), schedule)
     elif framework == "celery":
@@ -69,11 +75,11 @@ def test_three_pods_run_every_slot_once(
         pods = fleet(url, schedule)
     for name in ("w1", "w2", "w3"):
         pods.worker(name)
-    run_until(pods, "fast", 32)
+    run_until(pods, "fast", 32 // every)
     pods.stop_all()
     fast = pods.starts("fast")
-    assert_each_second_once(fast, time.time() - 3, pods)
-    assert len(per_slot(fast)) >= 30
+    assert_each_second_once(fast, time.time() - 3, pods, every)
+    assert len(per_slot(fast)) >= 30 // every
     assert {x["attempt"] for x in fast} == {1}
     if framework == "celery":
         assert len({x["task_id"] for x in fast}) == len(fast)

@@ -84,7 +84,10 @@ def test_a_server_restart_mid_run_is_survived_without_duplicates(
     starts = [x for x in lines if x["kind"] == "start"]
     assert max(Counter((x["slot_id"], x["attempt"]) for x in starts).values()) == 1
     assert max(Counter(x["slot_id"] for x in starts if x["attempt"] == 1).values()) == 1
-    assert [x for x in starts if down_at + 0.5 < x["t"] < up_at] == []
+    # No claim won while the server was down (a start may lag its claim on a busy
+    # machine: a slot won just before the stop may start a moment after it).
+    won = [x for x in lines if x["kind"] == "won"]
+    assert [x for x in won if down_at + 0.5 < x["t"] < up_at] == []
     resumed = [x for x in starts if x["t"] > up_at]
     assert resumed, "scheduling did not resume"
     assert resumed[0]["t"] - up_at < 5

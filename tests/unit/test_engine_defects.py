@@ -15,6 +15,7 @@ from anarchon_core.clock import FakeClock
 from anarchon_core.due import DueIndex
 from anarchon_core.store import Change, ClaimRequest, RunState
 from anarchon_core.stores.memory import MemoryStore
+from tests.waiting import wait_until
 
 
 def test_a_job_removed_while_a_step_takes_its_claim_due_is_no_store_outage(
@@ -146,6 +147,7 @@ def test_a_bug_in_a_renewal_tells_the_run_it_lost_and_the_loop_does_not_spin(
     assert slot_at is not None
     clock.advance(slot_at - clock.time())
     s.run_pending()
+    wait_until(lambda: runs, 10, "the handler to start (in a thread of its own)")
     assert len(runs) == 1 and not runs[0].lost
     store.bad = "job"  # from now on, the store's calls about the job hit a bug
     delays = []

@@ -126,6 +126,7 @@ def test_without_pacing_the_overloaded_fleet_runs_slots_twice(
     assert cluster.kinds(EventKind.FINISH_REFUSED)
 
 
+@pytest.mark.timeout(600)  # about 15 s on an idle core, far more under -n 8
 def test_a_burst_of_thousands_of_due_jobs_runs_each_slot_once() -> None:
     """1,200 jobs due at once every 10 s, on instances that take 2.4 to 7.2 s to claim them
     all: more than a 3 s lease per batch, yet every slot runs, and once."""
