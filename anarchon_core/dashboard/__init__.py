@@ -250,7 +250,9 @@ def _next_slot(
     """The job's next slot: from its stored schedule, else estimated from its recent slots.
 
     The estimate steps on from the last scheduled slot by the smallest gap
-    between scheduled slots; slots run on request are no part of it.
+    between scheduled slots, to the first one after ``now`` and after the
+    slot the job's record holds (read after ``now`` was, it may be newer);
+    slots run on request are no part of it.
     """
     if status.defined is not None:
         nxt = status.defined.schedule().next_after(datetime.fromtimestamp(now, timezone.utc))
@@ -262,7 +264,8 @@ def _next_slot(
     if gap <= 0:
         return None
     at = slots[0]
-    while at / 1000 <= now:
+    current = status.state.slot_ms if status.state is not None else 0
+    while at / 1000 <= now or at <= current:
         at += gap
     return {"at": at / 1000, "estimated": True}
 

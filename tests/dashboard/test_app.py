@@ -453,3 +453,17 @@ def test_past_the_first_jobs_the_page_counts_the_others(app: Dashboard, store: S
     assert [job["name"] for job in state["jobs"]] == names[:MAX_JOBS]
     assert state["more_jobs"] == 5 + 1  # and the fixture's stored schedule
     assert STORED not in [job["name"] for job in state["jobs"]]
+
+
+def test_the_estimated_next_slot_is_after_the_slot_the_record_holds() -> None:
+    """The clock is read before the record: a record already at the slot due just after
+    that moment must not show that very slot as the next one."""
+    from types import SimpleNamespace
+
+    from anarchon_core.dashboard import _next_slot
+
+    record = SimpleNamespace(slot_ms=378_000)
+    status = SimpleNamespace(defined=None, state=record)
+    history = [SimpleNamespace(slot_ms=ms) for ms in (378_000, 377_000, 376_000)]
+    shown = _next_slot(status, history, now=377.9)
+    assert shown == {"at": 379.0, "estimated": True}
