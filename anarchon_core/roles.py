@@ -116,6 +116,11 @@ class Backup:
         """A backup of this instance's own run, handed off or released, checked after ``watch``."""
         return cls(runner.slot, runner.run.token, now_mono + options.watch)
 
+    def retry(self, now_mono: float, options: JobOptions, pause: float) -> None:
+        """A check or takeover of this slot did not happen (the store refused it): tried
+        again after ``pause`` (its ``watch`` if shorter), not at once, in a loop."""
+        self.next_check = now_mono + min(options.watch, pause)
+
     def verdict(self, record: JobState | None, now_mono: float, options: JobOptions) -> Verdict:
         """What to do about ``record``, the job's current record in the store.
 

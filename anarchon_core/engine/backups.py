@@ -18,14 +18,6 @@ from .context import Context
 from .pacing import Pacer
 
 
-def retry(rt: JobRuntime, now_mono: float) -> None:
-    """A check or takeover of ``rt``'s slot that did not happen (the store refused it) is
-    tried again after a pause, as a refused claim is: at once, it would only be refused
-    again, in a loop."""
-    if rt.backup is not None:
-        rt.backup.next_check = now_mono + min(rt.options.watch, CLAIM_RETRY)
-
-
 class Backups:
     """Checks the backed-up leases due, in one read, and takes lapsed slots over."""
 
@@ -64,7 +56,7 @@ class Backups:
             if backup is None:  # removed
                 continue
             if isinstance(record, Exception):  # refused: read again after a pause
-                retry(rt, now_mono)
+                backup.retry(now_mono, rt.options, CLAIM_RETRY)
                 continue
             verdict = backup.verdict(record, now_mono, rt.options)
             if verdict is Verdict.DROP:
@@ -78,7 +70,7 @@ class Backups:
                 )
             elif verdict is Verdict.TAKE_OVER:
                 assert record is not None
-                retry(rt, now_mono)  # should the takeover not happen now
+                backup.retry(now_mono, rt.options, CLAIM_RETRY)  # should it not happen now
                 lapsed.append((rt, record))
         if lapsed:
             self._take_over(lapsed)
