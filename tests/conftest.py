@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests import servers
+from tests.processes import yielding
 
 pytest_plugins = ["tests.watchdog"]
 
@@ -203,6 +204,19 @@ SERVER_STORES = {
 }
 
 
+# -- priority ------------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def _background_priority(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test marked ``background`` runs at a lower CPU priority (tests/processes.py)."""
+    if request.node.get_closest_marker("background") is None:
+        yield
+        return
+    with yielding():
+        yield
+
+
 # -- tiers ---------------------------------------------------------------------------
 
 #: Every fixture that gives a server's URL: a test that uses one is not in the fast tier.
@@ -237,7 +251,7 @@ def _needs_server(item: pytest.Item) -> bool:
 
 
 def _long(item: pytest.Item) -> bool:
-    return item.get_closest_marker("scenario") is not None or item.path.stem == "test_simulation"
+    return any(item.get_closest_marker(name) for name in ("scenario", "background"))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from tests.processes import OWN_GROUP
 from tests.waiting import wait_until
 
 Line = dict[str, Any]
@@ -90,7 +91,7 @@ class Fleet:
                 cwd=ROOT,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                start_new_session=True,
+                **OWN_GROUP,
             )
 
     def start(self, *names: str, wait: bool = True, **overrides: Any) -> None:

@@ -37,6 +37,10 @@ from anarchon_core.store import (
 from anarchon_core.stores.memory import MemoryStore
 
 START = 1_699_999_200.0  # a whole hour: slots of every= grids dividing an hour line up with it
+#: Real seconds a simulated instance's thread may take before it sleeps on the fake clock
+#: (a step that claims thousands of slots, in a test run at a low CPU priority on a busy
+#: machine, takes many); longer is a hang, which the test's own time limit reports.
+SETTLE = 300.0
 
 
 @dataclass
@@ -58,7 +62,7 @@ class Span:
 
 class Cluster:
     def __init__(self, *, store: MemoryStore | None = None, clock: FakeClock | None = None) -> None:
-        self.clock = clock or FakeClock(START)
+        self.clock = clock or FakeClock(START, settle_timeout=SETTLE)
         self.store = store or MemoryStore(clock=self.clock)
         self.live: dict[str, Scheduler] = {}
         self.all: dict[str, Scheduler] = {}
@@ -570,7 +574,7 @@ class Chaos:
             raise ValueError(f"unknown faults {sorted(unknown)}; known: {', '.join(FAULTS)}")
         self.rnd = random.Random(seed)
         self.seconds = seconds
-        self.clock = FakeClock(START)
+        self.clock = FakeClock(START, settle_timeout=SETTLE)
         self.store = MemoryStore(clock=self.clock)
         self.instances = instances
         self.incarnations: list[Incarnation] = []

@@ -23,6 +23,7 @@ from anarchon_core import RunState
 from anarchon_core.cli import main
 from anarchon_core.stores.sqlite import SQLiteStore
 from anarchon_core.tools.demo import STOP_GRACE, Demo
+from tests.processes import OWN_GROUP
 from tests.waiting import wait_until
 
 SLOT = 1_700_000_000_000
@@ -136,7 +137,7 @@ def test_ctrl_c_stops_the_demo_cleanly(tmp_path: Path) -> None:
             stdout=out_file,
             stderr=err_file,
             text=True,
-            start_new_session=True,
+            **OWN_GROUP,
         )
     # Running: the demo shows a first run's row (its slot's time first).
     wait_until(
@@ -220,7 +221,7 @@ def test_ctrl_c_at_any_moment_leaves_no_process_behind(after: str, delay: float)
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        start_new_session=True,
+        **OWN_GROUP,
     )
     assert proc.stdout and proc.stderr
     out: queue.Queue[str | None] = queue.Queue()

@@ -37,6 +37,7 @@ from anarchon_core.errors import MissingDependency
 from anarchon_core.urls import store_class
 from tests import servers
 from tests.conftest import SERVER_STORES
+from tests.processes import OWN_GROUP
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -389,9 +390,7 @@ def run_until_sigterm(argv: list[str], env: dict[str, str], logs: Path, seen: st
     """Run ``argv`` at least RUN_FOR seconds, and until ``seen`` is printed; then SIGTERM it."""
     out_path, err_path = logs / "stdout", logs / "stderr"
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
-        proc = subprocess.Popen(
-            argv, stdout=out, stderr=err, env=env, cwd=ROOT, start_new_session=True
-        )
+        proc = subprocess.Popen(argv, stdout=out, stderr=err, env=env, cwd=ROOT, **OWN_GROUP)
     try:
         started = time.monotonic()
         while proc.poll() is None:

@@ -30,6 +30,7 @@ from pathlib import Path
 import pytest
 
 from tests.fleet import per_slot, slot_seconds
+from tests.processes import OWN_GROUP
 from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -146,7 +147,7 @@ class Pod:
                 cwd=self.workdir,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                start_new_session=True,
+                **OWN_GROUP,
             )
 
     def lines(self) -> list[dict[str, object]]:

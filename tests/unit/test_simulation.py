@@ -24,6 +24,9 @@ from anarchon_core.engine.loop import Loop
 from anarchon_core.events import EventKind
 from tests.sim import FAULTS, Chaos, Cluster, Violation, main, overloaded, started_again
 
+#: Virtual time: the simulation asserts nothing about the machine's speed.
+pytestmark = pytest.mark.background
+
 #: Seeds CI runs, in chunks that run in parallel.
 CHUNKS = [range(k, k + 4) for k in range(0, 40, 4)]
 
