@@ -30,6 +30,11 @@ PEER_MARGIN = 1.0
 #: Seconds before a renewal the store refused alone (an error about this run only) is
 #: sent again: soon, for the lease's sake, but not in a loop.
 RENEW_RETRY = 0.1
+#: A job's next slot is due while the run its instance backs up has less than this left
+#: of its lease: the claim waits for the lapse (see :meth:`Backup.hold`).
+CLAIM_HOLD = 1.0
+#: How long past the lapse such a claim waits: the store's clock decides the lapse.
+LAPSE_MARGIN = 0.1
 #: States of a run that has ended: nothing to back up.
 ENDED = (RunState.DONE, RunState.FAILED)
 
@@ -102,6 +107,8 @@ class Backup:
     slot: Slot
     token: int
     next_check: float
+    #: The job's slot (ms) whose claim waited for this run's lapse (see :meth:`hold`).
+    held_ms: int | None = None
 
     @classmethod
     def of(cls, slot: Slot, holder: JobState, now_mono: float, options: JobOptions) -> Backup:
@@ -137,6 +144,25 @@ class Backup:
             self.next_check = now_mono + options.watch
             return Verdict.WATCH
         return Verdict.TAKE_OVER
+
+    def hold(self, record: JobState, next_ms: int, now_mono: float) -> float:
+        """Seconds the claim of the job's slot ``next_ms``, due now, waits; 0: none.
+
+        ``record`` is this run's, just checked and still live (:attr:`Verdict.WATCH`).
+        A claim sent now supersedes the run if it reaches the store after the lease
+        lapsed, and the run is then never taken over. So when the lease has less than
+        :data:`CLAIM_HOLD` left, the claim waits until just past the lapse, and this
+        backup is checked again then: a run that lapsed is taken over, and the claim
+        finds it going (an overlap). Once per slot: a run renewed meanwhile is alive,
+        and the claim then goes.
+        """
+        left = record.lease_remaining
+        if left >= CLAIM_HOLD or self.held_ms == next_ms:
+            return 0.0
+        self.held_ms = next_ms
+        wait = max(0.0, left) + LAPSE_MARGIN
+        self.next_check = now_mono + wait
+        return wait
 
 
 class Watcher(Protocol):

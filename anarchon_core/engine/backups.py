@@ -38,15 +38,17 @@ class Backups:
         checked += [rt for rt in due if rt.backup is not None and rt.job.name not in seen]
         if not checked:
             return
+        due_now = {rt.job.name for rt in due}
         try:
             for chunk in pacer.chunks("backups", checked):
-                self._verdicts(chunk)
+                self._verdicts(chunk, due_now)
         finally:
             table.checks_moved(checked)
 
-    def _verdicts(self, checked: list[JobRuntime]) -> None:
+    def _verdicts(self, checked: list[JobRuntime], due: set[str]) -> None:
         """Read the records ``checked`` back up, act on each verdict: the lapsed ones are
-        taken over in one batch."""
+        taken over in one batch; the claim of a job ``due`` whose run is about to lapse
+        waits for the lapse (:meth:`~anarchon_core.roles.Backup.hold`)."""
         now_mono = self._ctx.clock.monotonic()
         gateway = self._ctx.gateway
         states = gateway.per_job(checked, checked, gateway.states)
@@ -59,7 +61,13 @@ class Backups:
                 backup.retry(now_mono, rt.options, CLAIM_RETRY)
                 continue
             verdict = backup.verdict(record, now_mono, rt.options)
-            if verdict is Verdict.DROP:
+            if verdict is Verdict.WATCH:
+                assert record is not None
+                if rt.job.name in due and rt.next_slot is not None:
+                    wait = backup.hold(record, rt.next_slot.ms, now_mono)
+                    if wait:
+                        rt.claim_at = self._ctx.clock.time() + wait
+            elif verdict is Verdict.DROP:
                 rt.backup = None
             elif verdict is Verdict.MISSED:
                 assert record is not None

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import Sequence
 
 import pytest
 
 from anarchon_core import RunState, Scheduler, StoreUnavailable, slot_id
+from anarchon_core.store import Claim, ClaimRequest
 from anarchon_core.stores.memory import MemoryStore
 from tests.sim import START, Cluster, Span
 
@@ -203,6 +205,46 @@ def test_a_backup_takes_a_lapsed_older_slot_over_before_claiming_the_next() -> N
     cluster.run(6)  # the next slot's claim may wait for a gone preferred instance
     assert [(s.slot_id, s.attempt) for s in cluster.spans[1:]] == [(first.slot_id, 2)]
     assert cluster.kinds("overlap")[0].slot_id == slot_id("job", _dt(START + 10))
+
+
+class ClaimsInFlight(MemoryStore):
+    """One instance's view of the shared store whose claims reach it ``delay`` seconds
+    after they were sent (a busy host, a slow link); its other calls are prompt."""
+
+    def __init__(self, inner: MemoryStore, cluster: Cluster, delay: float) -> None:
+        super().__init__(clock=cluster.clock, namespace=inner.namespace)
+        self.inner, self.cluster, self.delay = inner, cluster, delay
+
+    def __getattribute__(self, name: str) -> object:
+        if name in ("claim_many", "inner", "cluster", "delay", "__class__", "__dict__"):
+            return super().__getattribute__(name)
+        return getattr(super().__getattribute__("inner"), name)
+
+    def claim_many(self, requests: Sequence[ClaimRequest], owner: str) -> list[Claim]:
+        self.cluster.clock.advance(self.delay)
+        return self.inner.claim_many(requests, owner)
+
+
+def test_a_claim_sent_as_the_run_it_backs_up_lapses_waits_and_the_run_is_taken_over() -> None:
+    """The check before the next slot's claim finds the older run with half a second of
+    lease left; a claim sent then would reach the store after the lapse and supersede
+    that run, never taken over. The claim waits for the lapse; the run is taken over."""
+    cluster = Cluster()
+    cluster.add("a", every(cluster, 5, 30), lease=3.3, jitter=0, watch=20)
+    cluster.run(5.2)
+    first = cluster.spans[0]
+    shared = cluster.store
+    cluster.store = ClaimsInFlight(shared, cluster, delay=0.9)
+    cluster.add("b", every(cluster, 5, 30), lease=3.3, jitter=0, watch=20)
+    cluster.store = shared
+    cluster.run(2.3)  # a renewed at 7.2: its lease lapses at 10.5, after slot 10
+    cluster.kill("a")
+    cluster.run(6)
+    assert [(s.slot_id, s.instance, s.attempt) for s in cluster.spans] == [
+        (first.slot_id, "a", 1),
+        (first.slot_id, "b", 2),
+    ]
+    assert [e.slot_id for e in cluster.kinds("overlap")] == [slot_id("job", _dt(START + 10))]
 
 
 class FlakyStore(MemoryStore):
