@@ -150,7 +150,10 @@ def test_all_instances_killed_mid_run_then_restarted_run_the_slot_again(
 
 
 def test_all_down_across_a_slot_then_restarted_inside_the_window(fleet_factory: Any) -> None:
-    fleet = fleet_factory(every=6, anchor=anchor_soon(2), work=0.2)
+    """The catch-up window is one interval: the new instances restart 1.5 s into it, and
+    their start-up, which a loaded machine stretches to seconds, must end inside it."""
+    every = 10
+    fleet = fleet_factory(every=every, anchor=anchor_soon(2), work=0.2)
     fleet.start(*NAMES)
     first = fleet.first_start()
     wait_until(  # the first run is over before the kills
@@ -163,11 +166,16 @@ def test_all_down_across_a_slot_then_restarted_inside_the_window(fleet_factory: 
     )
     for name in NAMES:
         fleet.kill(name)
-    missed = f"tick@{int((slot_seconds(first['slot_id']) + 6) * 1000)}"
+    missed = f"tick@{int((slot_seconds(first['slot_id']) + every) * 1000)}"
     time.sleep(max(0.0, slot_seconds(missed) + 1.5 - time.time()))
     assert runs_of(fleet.lines(), missed) == []
     fleet.start("d", "e", "f")
-    wait_until(fleet.watch(lambda ls: runs_of(ls, missed)), 5, "the catch-up", seen=fleet.tail)
+    wait_until(
+        fleet.watch(lambda ls: runs_of(ls, missed)),
+        max(1.0, slot_seconds(missed) + every - time.time()),
+        "the catch-up inside the window",
+        seen=fleet.tail,
+    )
     time.sleep(1.5)
     runs = runs_of(fleet.lines(), missed)
     assert len(runs) == 1
