@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -15,6 +17,8 @@ from tests import servers
 from tests.processes import yielding
 
 pytest_plugins = ["tests.watchdog"]
+
+T = TypeVar("T")
 
 
 @pytest.fixture(scope="session")
@@ -257,9 +261,6 @@ def _long(item: pytest.Item) -> bool:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark the fast tier (``-m fast``): unit, docs, and the memory and SQLite stores."""
     tests = Path(__file__).parent
-    # The longest tests first (the multi-process scenarios, the simulation's seeds): one
-    # of them started last would keep the whole run waiting for it alone.
-    items.sort(key=lambda item: not _long(item))
     for item in items:
         parts = item.path.relative_to(tests).parts
         if (
@@ -268,3 +269,37 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             and not _needs_server(item)
         ):
             item.add_marker(pytest.mark.fast)
+
+
+@pytest.hookimpl(trylast=True, specname="pytest_collection_modifyitems")
+def long_tests_first(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The longest tests first on every worker: one of them started last would keep the
+    whole run waiting for it alone (the multi-process scenarios, the background tests)."""
+    long = [item for item in items if _long(item)]
+    rest = [item for item in items if not _long(item)]
+    workers = getattr(config, "workerinput", {}).get("workercount", 1)
+    items[:] = deal(long, rest, workers)
+
+
+def deal(long: list[T], rest: list[T], workers: int) -> list[T]:
+    """``long`` and ``rest`` in the order that gives each of ``workers`` the long ones first.
+
+    pytest-xdist's ``worksteal`` hands each worker a contiguous share of the collection
+    (and moves tests from the end of a share to idle workers): the long tests are dealt
+    round the shares, each share begins with its own, and the rest fills the shares.
+    """
+    sizes, left = [], len(long) + len(rest)
+    for k in range(workers):  # as worksteal cuts the shares
+        sizes.append(left // (workers - k))
+        left -= sizes[-1]
+    shares: list[list[T]] = [[] for _ in range(workers)]
+    k = 0
+    for item in long:
+        while len(shares[k % workers]) >= sizes[k % workers]:
+            k += 1
+        shares[k % workers].append(item)
+        k += 1
+    others = iter(rest)
+    for share, size in zip(shares, sizes, strict=True):
+        share.extend(itertools.islice(others, size - len(share)))
+    return [item for share in shares for item in share]

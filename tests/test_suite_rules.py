@@ -89,3 +89,24 @@ def test_the_rule_counts_what_it_should() -> None:
         assert list(literal_sleeps(path)) == [(4, 2.0), (5, 6.0), (6, 1.5)]
     finally:
         path.unlink()
+
+
+def test_every_worker_begins_with_its_share_of_the_long_tests() -> None:
+    """As pytest-xdist's worksteal cuts the collection into one contiguous share per
+    worker, each share begins with long tests, and none is lost or repeated."""
+    from tests.conftest import deal
+
+    long, rest = [f"long{k}" for k in range(11)], [f"short{k}" for k in range(40)]
+    for workers in (1, 2, 8):
+        order = deal(long, rest, workers)
+        assert sorted(order) == sorted(long + rest)
+        sizes, left, start = [], len(order), 0
+        for k in range(workers):
+            sizes.append(left // (workers - k))
+            left -= sizes[-1]
+        for size in sizes:
+            share = order[start : start + size]
+            start += size
+            firsts = [name.startswith("long") for name in share]
+            assert firsts == sorted(firsts, reverse=True)  # the long ones first
+            assert sum(firsts) >= len(long) // workers

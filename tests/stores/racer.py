@@ -7,9 +7,19 @@ from typing import Any
 from anarchon_core import RunState, open_store
 from anarchon_core.store import LeaseStore
 
+#: The racers' barrier, given to each racer process as it starts (:func:`join`).
+_barrier: Any = None
 
-def race(url: str, namespace: str, index: int, rounds: int, slot: int, barrier: Any) -> list[int]:
+
+def join(barrier: Any) -> None:
+    """A pool's initializer: the barrier the racers of this pool meet at each round."""
+    global _barrier
+    _barrier = barrier
+
+
+def race(url: str, namespace: str, index: int, rounds: int, slot: int) -> list[int]:
     """Claim ``rounds`` slots in lockstep with the other racers; 1 where this one won."""
+    barrier = _barrier
     store = open_store(url, namespace=namespace)
     won = []
     try:
