@@ -35,11 +35,6 @@ OWN_GROUP: dict[str, Any] = (
 NICE = 10
 
 
-def lower_priority() -> None:
-    """Lower the calling thread's CPU priority to :data:`NICE` (a pool's initializer)."""
-    os.setpriority(os.PRIO_PROCESS, 0, max(NICE, os.getpriority(os.PRIO_PROCESS, 0)))
-
-
 @contextlib.contextmanager
 def yielding() -> Iterator[None]:
     """Run the block (and what it starts) at :data:`NICE`, then at the priority before.
