@@ -439,13 +439,15 @@ def _sentinel_client(parts: Any, query: list[tuple[str, str]], options: dict[str
     if "health_check_interval" in extra:
         extra["health_check_interval"] = int(extra["health_check_interval"])
     timeouts = {k: options[k] for k in _TIMEOUTS if k in options}
-    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+    # Typed from redis 8 on, untyped before: called through Any, the same for both.
+    sentinels: Any = Sentinel
+    sentinel = sentinels(
         _hosts(parts),
         # No retry by the driver, for the sentinels too: the engine retries the step.
         sentinel_kwargs={"password": sentinel_password, "retry": Retry(NoBackoff(), 0), **timeouts},
         **timeouts,
     )
-    client = sentinel.master_for(  # type: ignore[no-untyped-call]
+    client = sentinel.master_for(
         unquote(path[0]),
         db=int(db),
         ssl=parts.scheme == "rediss",
