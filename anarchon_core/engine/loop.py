@@ -68,7 +68,7 @@ class Loop:
         self.wake = wake
         self._close_store = close_store
         self.guard = StepGuard()
-        self.pacer = Pacer(ctx, self._upkeep, runs.lag)
+        self.pacer = Pacer(ctx, self._between_chunks, runs.lag)
         #: The last step deferred its claims: the next one waits a little.
         self._deferred = False
         self.stopping = threading.Event()
@@ -157,6 +157,16 @@ class Loop:
         """The runs' upkeep: record the ends, renew the leases due, report the runs lost."""
         self._runs.finish()
         self._runs.renew(self._ctx.clock.monotonic())
+        self._runs.report_lost()
+
+    def _between_chunks(self) -> None:
+        """The runs' upkeep between two chunks of claims or takeovers: the leases due are
+        renewed; the ends wait for the step's end unless the oldest has waited long
+        (see :data:`~.pacing.END_HOLD_SHARE`), so that they go in few calls."""
+        now_mono = self._ctx.clock.monotonic()
+        if self._runs.ends_due(now_mono):
+            self._runs.finish()
+        self._runs.renew(now_mono)
         self._runs.report_lost()
 
     def _failed(self, exc: Exception) -> float:

@@ -7,10 +7,13 @@ a slow store, a starved CPU) would let leases lapse, and the backups would
 run those slots again. So:
 
 - every batch goes to the store in chunks of about :data:`CHUNK_TIME`
-  seconds each (:class:`Sizer`), so that no one call holds the step for
-  long; between two chunks of the long phases (the backups' checks and
-  takeovers, the claims) the runs' upkeep (finishes, renewals, runs lost)
-  has its turn: renewals and finishes never wait behind claims;
+  seconds each (:class:`Sizer`; claims and takeovers: :data:`CHUNK_SHARE`
+  of the shortest lease due, up to :data:`MAX_CHUNK_TIME`), so that no one
+  call holds the step for long; between two chunks of the long phases (the backups' checks and
+  takeovers, the claims) the runs' upkeep (renewals, runs lost, finishes)
+  has its turn: renewals never wait behind claims, and finishes wait at
+  most :data:`END_HOLD_SHARE` of their lease (their lease stays live,
+  renewed as any other; the step's end sends them all);
 - a step stops claiming once it has spent :data:`STEP_SHARE` of the
   shortest lease among the jobs due: what is left is claimed at the next
   step, after the upkeep;
@@ -37,8 +40,15 @@ from .context import Context
 
 T = TypeVar("T")
 
-#: How long one chunk of claims or takeovers should take (seconds); its size adapts.
+#: Between two chunks, the ends of runs whose handler returned are sent once the oldest
+#: has waited this share of its lease (else at the step's end, in one go).
+END_HOLD_SHARE = 0.1
+#: How long one chunk of renewals or ends should take (seconds); its size adapts.
 CHUNK_TIME = 0.25
+#: How long one chunk of claims or takeovers should take: this share of the shortest lease
+#: due, within :data:`CHUNK_TIME` and :data:`MAX_CHUNK_TIME` (1 s for a 10 s lease).
+CHUNK_SHARE = 0.1
+MAX_CHUNK_TIME = 1.0
 #: The bounds of a chunk's size (items).
 MIN_CHUNK, MAX_CHUNK = 50, 5000
 #: The size of the first chunk, before any was timed.
@@ -54,6 +64,12 @@ START_SHARE = 0.75
 DEFER_PAUSE = 0.25
 #: The shortest time between two ``claims_deferred`` events (seconds).
 DEFER_REPORT_EVERY = 5.0
+
+
+def chunk_time(lease: float) -> float:
+    """How long one chunk of claims or takeovers should take, for the shortest ``lease``
+    due (0: none)."""
+    return min(MAX_CHUNK_TIME, max(CHUNK_TIME, CHUNK_SHARE * lease))
 
 
 class Lag:
@@ -77,13 +93,15 @@ class Lag:
 
 
 class Sizer:
-    """How many items one store call carries: about :data:`CHUNK_TIME` seconds' worth,
-    learnt from how long the last chunks took."""
+    """How many items one store call carries: about ``target`` seconds' worth (by default
+    :data:`CHUNK_TIME`), learnt from how long the last chunks took."""
 
     def __init__(self, clock: Clock) -> None:
         self._clock = clock
         #: Items per chunk.
         self.size = FIRST_CHUNK
+        #: How long one chunk should take (seconds).
+        self.target = CHUNK_TIME
 
     def split(self, items: list[T]) -> Iterator[list[T]]:
         """``items`` in chunks of the current size, each timed to size the next."""
@@ -96,15 +114,15 @@ class Sizer:
             self._learn(len(chunk), self._clock.monotonic() - started)
 
     def _learn(self, size: int, took: float) -> None:
-        """Size the next chunk to take about :data:`CHUNK_TIME`, from how long ``size`` took.
+        """Size the next chunk to take about ``target``, from how long ``size`` took.
 
         A chunk smaller than the size that was quick says nothing (a round
         trip's own cost would make a few items look slow); one that took too
         long always shrinks the size.
         """
-        if size < self.size and took <= CHUNK_TIME:
+        if size < self.size and took <= self.target:
             return
-        wanted = MAX_CHUNK if took <= 0 else int(size * CHUNK_TIME / took)
+        wanted = MAX_CHUNK if took <= 0 else int(size * self.target / took)
         # Grow by at most 4 times at once: one quick answer is no promise.
         self.size = max(MIN_CHUNK, min(MAX_CHUNK, 4 * self.size, wanted))
 
@@ -126,6 +144,7 @@ class Pacer:
         self._sizers: dict[str, Sizer] = {}
         self._began = 0.0
         self._budget = float("inf")
+        self._chunk_time = CHUNK_TIME
         #: How late the runs' upkeep ran at the last step (seconds); 0 when on time.
         self.behind = 0.0
         self._peak = 0.0
@@ -153,6 +172,7 @@ class Pacer:
         self._began = self._clock.monotonic()
         shortest = min((rt.options.lease for rt in due), default=0.0)
         self._budget = STEP_SHARE * shortest if shortest else float("inf")
+        self._chunk_time = chunk_time(shortest)
 
     def defers(self, due: Sequence[JobRuntime]) -> bool:
         """Whether this step defers its claims and takeovers: the runs' upkeep is behind.
@@ -185,6 +205,7 @@ class Pacer:
         sizer = self._sizers.get(phase)
         if sizer is None:
             sizer = self._sizers[phase] = Sizer(self._clock)
+        sizer.target = self._chunk_time
         for n, chunk in enumerate(sizer.split(items)):
             if n:
                 self._upkeep()

@@ -10,10 +10,10 @@ handed over (released) for backups to take at once.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import inspect
 import logging
-import queue
 import threading
 from typing import Any
 
@@ -26,7 +26,7 @@ from ..slots import Slot, shown
 from ..store import Change, JobState, RunState
 from .context import Context
 from .gateway import describe
-from .pacing import START_SHARE, Lag, Sizer
+from .pacing import END_HOLD_SHARE, START_SHARE, Lag, Sizer
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,10 @@ class Runs:
         self._renewals, self._ends = Sizer(ctx.clock), Sizer(ctx.clock)
         self._wake = wake
         self._inline = inline
-        self._done: queue.SimpleQueue[Completion] = queue.SimpleQueue()
+        #: The completions not recorded yet, the oldest first; ``_done_lock`` guards it
+        #: (handler threads append, the loop takes).
+        self._done: collections.deque[Completion] = collections.deque()
+        self._done_lock = threading.Lock()
         self._threads: list[Task] = []
         self._pruned_at = 0
 
@@ -180,7 +183,8 @@ class Runs:
             clock.monotonic(),
             started,
         )
-        self._done.put(done)
+        with self._done_lock:
+            self._done.append(done)
         self._wake.set()
 
     def join(self, deadline: float) -> None:
@@ -270,6 +274,16 @@ class Runs:
 
     # -- finishing -----------------------------------------------------------
 
+    def ends_due(self, now_mono: float) -> bool:
+        """Whether the oldest end not recorded yet has waited :data:`~.pacing.END_HOLD_SHARE`
+        of its run's lease (between two chunks of claims, ends wait that long: the
+        run's lease stays live, renewed as any other)."""
+        with self._done_lock:
+            if not self._done:
+                return False
+            oldest = self._done[0]
+        return now_mono - oldest.ended_mono >= END_HOLD_SHARE * oldest.runtime.options.lease
+
     def finish(self) -> None:
         """Finish the runs whose handler returned or raised, a chunk per call (see
         :mod:`.pacing`)."""
@@ -295,14 +309,18 @@ class Runs:
         try:
             self._send_ends(pending, ends, answers)
         finally:
+            kept: list[Completion] = []
             for i, (done, (change, retry)) in enumerate(zip(pending, ends, strict=True)):
                 answer = True if change is None else answers.get(i)
                 if answer is None or isinstance(answer, Exception):
                     # Not answered (the step failed: it is retried), or this job's end
                     # alone was refused: kept, and sent again later.
-                    self._done.put(done)
+                    kept.append(done)
                 else:
                     self._ended(done, answer, retry)
+            if kept:
+                with self._done_lock:  # ahead of those that returned since: older
+                    self._done.extendleft(reversed(kept))
 
     def _send_ends(
         self,
@@ -326,12 +344,9 @@ class Runs:
 
     def _completions(self) -> list[Completion]:
         """The completions queued so far, oldest slot first (an order threads cannot change)."""
-        pending: list[Completion] = []
-        while True:
-            try:
-                pending.append(self._done.get_nowait())
-            except queue.Empty:
-                break
+        with self._done_lock:
+            pending = list(self._done)
+            self._done.clear()
         pending.sort(key=lambda d: (d.runner.slot.ms, d.runner.slot.job, d.runner.run.attempt))
         return pending
 

@@ -22,7 +22,7 @@ from anarchon_core.cli import instances
 from anarchon_core.engine import pacing
 from anarchon_core.metrics import Metrics
 from anarchon_core.probes import serve
-from anarchon_core.store import Change, Claim, ClaimRequest, JobState
+from anarchon_core.store import Change, Claim, ClaimRequest, JobState, RunState
 from anarchon_core.stores.memory import MemoryStore
 
 START = 1_699_999_200.0
@@ -37,6 +37,9 @@ class Counting(MemoryStore):
         self.claim_batches: list[int] = []
         self.claim_times: list[float] = []
         self.change_batches: list[tuple[int, float]] = []
+        #: When each job's last claim was answered, and its last end (done) was sent.
+        self.claimed_at: dict[str, float] = {}
+        self.ended_at: dict[str, float] = {}
         self.per_item = 0.0
         self._fake = clock
 
@@ -48,10 +51,13 @@ class Counting(MemoryStore):
         self.claim_batches.append(len(requests))
         self.claim_times.append(self._fake.monotonic())
         self._cost(len(requests))
+        self.claimed_at.update((r.job, self._fake.monotonic()) for r in requests)
         return super().claim_many(requests, owner)
 
     def change_many(self, changes: Sequence[Change]) -> list[bool]:
         self.change_batches.append((len(changes), self._fake.monotonic()))
+        ends = {c.job: self._fake.monotonic() for c in changes if c.state is RunState.DONE}
+        self.ended_at.update(ends)
         self._cost(len(changes))
         return super().change_many(changes)
 
@@ -62,13 +68,19 @@ class Counting(MemoryStore):
 
 
 def fleet_of_one(
-    jobs: int, *, lease: float = 10.0, hold: threading.Event | None = None
+    jobs: int, *, lease: float = 10.0, hold: threading.Event | None = None, inline: bool = False
 ) -> tuple[Scheduler, Counting, FakeClock, list[Event]]:
     clock = FakeClock(START)
     store = Counting(clock)
     events: list[Event] = []
     scheduler = Scheduler(
-        store, instance="a", clock=clock, listener=events.append, lease=lease, jitter=0
+        store,
+        instance="a",
+        clock=clock,
+        listener=events.append,
+        lease=lease,
+        jitter=0,
+        inline=inline,
     )
 
     def handler(run: Run) -> None:
@@ -105,6 +117,44 @@ def test_claims_go_in_chunks_and_the_runs_upkeep_runs_between_them() -> None:
     hold.set()
 
 
+@pytest.mark.parametrize("lease", [4.0, 30.0])
+def test_between_chunks_the_ends_wait_a_tenth_of_their_lease_at_most(lease: float) -> None:
+    """The ends of runs that returned go to the store in few calls: between two chunks of
+    claims only once the oldest has waited a tenth of its lease, else after the last."""
+    scheduler, store, clock, _ = fleet_of_one(1500, lease=lease, inline=True)
+    scheduler.run_pending()
+    store.per_item = 0.0008  # 1.2 s for every claim, in chunks of about 0.25 s
+    clock.advance(60 - (START % 60))
+    run_for(scheduler, clock, 5)  # a step may claim only a quarter of the lease's worth
+    assert len(store.claim_batches) > 3 and len(store.ended_at) == 1500
+    waited = [store.ended_at[job] - store.claimed_at[job] for job in store.ended_at]
+    hold = 0.1 * lease  # pacing.END_HOLD_SHARE of the lease
+    # Each end waited at most the hold and the chunk of claims that was under way.
+    assert max(waited) <= hold + 2 * pacing.chunk_time(lease)
+    last_claim = store.claim_times[-1]
+    ends_amid_claims = [at for _, at in store.change_batches if at < last_claim]
+    if hold > 1.2:
+        assert ends_amid_claims == []  # all after the claims
+    else:
+        assert ends_amid_claims  # the oldest could not wait for the last chunk
+
+
+@pytest.mark.parametrize(("lease", "seconds"), [(2.0, 0.25), (5.0, 0.5), (20.0, 1.0)])
+def test_a_chunk_of_claims_takes_a_tenth_of_the_shortest_lease(
+    lease: float, seconds: float
+) -> None:
+    """Longer leases leave more time between renewals: fewer, larger chunks of claims."""
+    scheduler, store, clock, _ = fleet_of_one(4000, lease=lease)
+    scheduler.run_pending()
+    store.per_item = 0.0004  # 1.6 s for every claim
+    clock.advance(60 - (START % 60))
+    run_for(scheduler, clock, 5)
+    assert sum(store.claim_batches) == 4000
+    # Grown to about that many seconds' worth, never more.
+    largest = max(store.claim_batches) * store.per_item
+    assert seconds * 0.8 <= largest <= seconds * 1.05
+
+
 def test_one_step_spends_at_most_a_quarter_of_the_lease_on_claims() -> None:
     scheduler, store, clock, _ = fleet_of_one(2000, lease=4.0)
     scheduler.run_pending()
@@ -112,10 +162,15 @@ def test_one_step_spends_at_most_a_quarter_of_the_lease_on_claims() -> None:
     clock.advance(60 - (START % 60))
     began = clock.monotonic()
     scheduler.run_pending()
-    # One step claimed about a quarter of the lease's worth (1 s), then returned.
+    # One step claimed about a quarter of the lease's worth (1 s), recorded the ends of the
+    # runs it began (here an end costs as much as a claim), and returned.
     claimed = sum(store.claim_batches)
     assert 0 < claimed < 2000
-    assert clock.monotonic() - began < 4.0 * pacing.STEP_SHARE + pacing.CHUNK_TIME * 2
+    claims_took = store.claim_times[-1] + store.claim_batches[-1] * store.per_item - began
+    assert claims_took < 4.0 * pacing.STEP_SHARE + pacing.chunk_time(4.0)
+    ends = sum(size for size, at in store.change_batches if at >= began)
+    assert ends <= claimed
+    assert clock.monotonic() - began <= claims_took + ends * store.per_item + 1e-6
     # The next steps claim the rest; every slot runs once.
     while sum(store.claim_batches) < 2000:
         scheduler.run_pending()
