@@ -6,14 +6,15 @@ step that spends longer than the lease claiming (100,000 jobs due at once,
 a slow store, a starved CPU) would let leases lapse, and the backups would
 run those slots again. So:
 
-- every batch goes to the store in chunks of about :data:`CHUNK_TIME`
-  seconds each (:class:`Sizer`; claims and takeovers: :data:`CHUNK_SHARE`
-  of the shortest lease due, up to :data:`MAX_CHUNK_TIME`), so that no one
-  call holds the step for long; between two chunks of the long phases (the backups' checks and
-  takeovers, the claims) the runs' upkeep (renewals, runs lost, finishes)
-  has its turn: renewals never wait behind claims, and finishes wait at
-  most :data:`END_HOLD_SHARE` of their lease (their lease stays live,
-  renewed as any other; the step's end sends them all);
+- every batch goes to the store in chunks (:class:`Sizer`) of about
+  :data:`CHUNK_SHARE` of the shortest lease concerned each, within
+  :data:`CHUNK_TIME` and :data:`MAX_CHUNK_TIME` seconds (:func:`chunk_time`),
+  so that no one call holds the step for long; between two chunks of the
+  long phases (the backups' checks and takeovers, the claims) the runs'
+  upkeep (renewals, runs lost, finishes) has its turn: renewals never wait
+  behind claims, and finishes wait at most :data:`END_HOLD_SHARE` of their
+  lease (their lease stays live, renewed as any other; the step's end sends
+  them all);
 - a step stops claiming once it has spent :data:`STEP_SHARE` of the
   shortest lease among the jobs due: what is left is claimed at the next
   step, after the upkeep;
@@ -43,12 +44,11 @@ T = TypeVar("T")
 #: Between two chunks, the ends of runs whose handler returned are sent once the oldest
 #: has waited this share of its lease (else at the step's end, in one go).
 END_HOLD_SHARE = 0.1
-#: How long one chunk of renewals or ends should take (seconds); its size adapts.
-CHUNK_TIME = 0.25
-#: How long one chunk of claims or takeovers should take: this share of the shortest lease
-#: due, within :data:`CHUNK_TIME` and :data:`MAX_CHUNK_TIME` (1 s for a 10 s lease).
+#: How long one chunk of a batch should take: this share of the shortest lease concerned,
+#: within :data:`CHUNK_TIME` and :data:`MAX_CHUNK_TIME` seconds (1 s for a 10 s lease);
+#: the size of each kind of chunk adapts to it.
 CHUNK_SHARE = 0.1
-MAX_CHUNK_TIME = 1.0
+CHUNK_TIME, MAX_CHUNK_TIME = 0.25, 1.0
 #: The bounds of a chunk's size (items).
 MIN_CHUNK, MAX_CHUNK = 50, 5000
 #: The size of the first chunk, before any was timed.
@@ -67,8 +67,7 @@ DEFER_REPORT_EVERY = 5.0
 
 
 def chunk_time(lease: float) -> float:
-    """How long one chunk of claims or takeovers should take, for the shortest ``lease``
-    due (0: none)."""
+    """How long one chunk should take, for the shortest ``lease`` concerned (0: none)."""
     return min(MAX_CHUNK_TIME, max(CHUNK_TIME, CHUNK_SHARE * lease))
 
 

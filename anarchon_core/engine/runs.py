@@ -26,7 +26,7 @@ from ..slots import Slot, shown
 from ..store import Change, JobState, RunState
 from .context import Context
 from .gateway import describe
-from .pacing import END_HOLD_SHARE, START_SHARE, Lag, Sizer
+from .pacing import END_HOLD_SHARE, START_SHARE, Lag, Sizer, chunk_time
 
 log = logging.getLogger(__name__)
 
@@ -212,6 +212,8 @@ class Runs:
             and runner.run.handed_off_lease is None
             and runner.renewal_due(now_mono)
         ]
+        if due:
+            self._renewals.target = chunk_time(min(rt.options.lease for rt, _ in due))
         for chunk in self._renewals.split(due):
             self._renew(chunk)
 
@@ -333,6 +335,8 @@ class Runs:
         if leases is None:
             return  # a claim-only store: nothing to send (every end is None)
         sent = [(i, change) for i, (change, _) in enumerate(ends) if change is not None]
+        if sent:
+            self._ends.target = chunk_time(min(pending[i].runtime.options.lease for i, _ in sent))
         for chunk in self._ends.split(sent):
             results = gateway.per_job(
                 [pending[i].runtime for i, _ in chunk],
