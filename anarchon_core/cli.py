@@ -165,11 +165,20 @@ def _store_error(exc: Exception, url: str, err: TextIO, prog: str) -> int:
     return EXIT_UNREACHABLE
 
 
-def run_status(url: str, namespace: str, out: TextIO, err: TextIO, *, prog: str) -> int:
+def run_status(
+    url: str,
+    namespace: str,
+    out: TextIO,
+    err: TextIO,
+    *,
+    prog: str,
+    list_namespaces: bool = False,
+) -> int:
     """Open ``url``, reach it, print the status of ``namespace``; return the exit code.
 
-    Every message names the store by its redacted URL; a driver's message is
-    scrubbed of the URL's secrets.
+    With ``list_namespaces`` (no namespace was asked for), the namespaces the
+    store holds are named first. Every message names the store by its
+    redacted URL; a driver's message is scrubbed of the URL's secrets.
     """
     store = _opened(lambda: open_store(url, namespace=namespace), url, err, prog)
     if isinstance(store, int):
@@ -181,6 +190,13 @@ def run_status(url: str, namespace: str, out: TextIO, err: TextIO, *, prog: str)
             f"at {datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S} UTC",
             file=out,
         )
+        if list_namespaces and isinstance(store, LeaseStore):
+            found = store.namespaces()
+            print(
+                f"namespaces in this store: {', '.join(found) or 'none recorded yet'}"
+                "  (--namespace NS shows another)",
+                file=out,
+            )
         shown = status(store, out)
     except Exception as exc:  # unreachable, refused, or an error the server answered
         return _store_error(exc, url, err, prog)
@@ -515,7 +531,9 @@ def main(argv: list[str] | None = None) -> int:
         " or missing driver, 3 the store cannot be reached or refused the connection.",
     )
     show.add_argument("--store", required=True, help="store URL, e.g. sqlite:///jobs.db")
-    show.add_argument("--namespace", default="default")
+    show.add_argument(
+        "--namespace", help="the namespace to show (default: 'default', after a list of all)"
+    )
     probe = commands.add_parser(
         "check",
         help="health probe: the store answers, this host's instance steps, jobs succeed",
@@ -580,7 +598,14 @@ def main(argv: list[str] | None = None) -> int:
         return run_check(args, sys.stdout, sys.stderr)
     if args.command == "dashboard":
         return run_dashboard(args, sys.stderr)
-    return run_status(args.store, args.namespace, sys.stdout, sys.stderr, prog="anarchon")
+    return run_status(
+        args.store,
+        args.namespace or "default",
+        sys.stdout,
+        sys.stderr,
+        prog="anarchon",
+        list_namespaces=args.namespace is None,
+    )
 
 
 def _duration_argument(name: str) -> Callable[[str], float]:

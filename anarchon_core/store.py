@@ -455,6 +455,12 @@ class Store(abc.ABC):
     def jobs(self) -> list[str]:
         """Names of the jobs that have a record in this namespace, sorted."""
 
+    @abc.abstractmethod
+    def namespaces(self) -> list[str]:
+        """The namespaces this store's server holds records of (this one's or any other's),
+        sorted: at least every namespace with a job recorded. Answers the same whatever
+        namespace the store was opened with."""
+
     # -- the registry (RegistryStore); answered empty by the others -----------
 
     def announce(self, instance: str, info: Mapping[str, Any], ttl: float) -> list[InstanceRecord]:
@@ -734,5 +740,9 @@ class ClaimOnlyStore(Store):
         return []
 
     def jobs(self) -> list[str]:
+        """Empty: no job record is kept."""
+        return []
+
+    def namespaces(self) -> list[str]:
         """Empty: no job record is kept."""
         return []

@@ -215,6 +215,9 @@ class SlowStore(LeaseStore, RegistryStore):
     def jobs(self) -> list[str]:
         return self.inner.jobs()
 
+    def namespaces(self) -> list[str]:
+        return self.inner.namespaces()
+
 
 #: How often an instance of :func:`overloaded` looks for work (virtual seconds), as a
 #: handler's return wakes a real loop at once.
@@ -485,6 +488,9 @@ class FaultyStore(LeaseStore, RegistryStore):
 
     def jobs(self) -> list[str]:
         return self.inner.jobs()
+
+    def namespaces(self) -> list[str]:
+        return self.inner.namespaces()
 
 
 @dataclass

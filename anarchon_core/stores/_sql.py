@@ -207,6 +207,8 @@ FROM anarchon_runs WHERE namespace = ? AND job = ? ORDER BY token DESC LIMIT ?
 
 JOBS = "SELECT job FROM anarchon_jobs WHERE namespace = ? ORDER BY job"
 
+NAMESPACES = "SELECT DISTINCT namespace FROM anarchon_jobs ORDER BY namespace"
+
 STATS = """SELECT job, runs, takeovers, done, failed, last_done, last_failed
 FROM anarchon_stats WHERE namespace = ? AND job IN ({marks})"""
 

@@ -183,6 +183,12 @@ class MemoryStore(LeaseStore, RegistryStore, ControlStore):
         with self._lock:
             return sorted(self._records)
 
+    def namespaces(self) -> list[str]:
+        """This store's namespace once it holds a record: a memory store is one namespace's
+        (another namespace is another store, of its own)."""
+        with self._lock:
+            return [self.namespace] if self._records else []
+
     def _announce(self, instance: str, info: str, ttl: float) -> list[InstanceRecord]:
         with self._lock:
             now = self._clock.time()

@@ -174,6 +174,24 @@ def bucket_name(namespace: str) -> str:
     return f"anarchon-{escaped}"
 
 
+def bucket_namespace(bucket: str) -> str | None:
+    """The namespace of a bucket :func:`bucket_name` made, or ``None`` for any other."""
+    if not bucket.startswith("anarchon-"):
+        return None
+    escaped, namespace, i = bucket[len("anarchon-") :], [], 0
+    while i < len(escaped):
+        if escaped[i] != "_":
+            namespace.append(escaped[i])
+            i += 1
+            continue
+        unescaped = {"_": "_", "d": ".", "c": ":"}.get(escaped[i + 1 : i + 2])
+        if unescaped is None:
+            return None
+        namespace.append(unescaped)
+        i += 2
+    return "".join(namespace) or None
+
+
 def job_key(job: str) -> str:
     """The job's key: URL-safe base64 is reversible and uses only key characters."""
     return "j" + base64.urlsafe_b64encode(job.encode()).decode().rstrip("=")
@@ -586,6 +604,22 @@ class NatsStore(LeasesByObservation, RegistryStore, ControlStore):
         prefix = f"$KV.{self.bucket}."
         names = (job_name(subject[len(prefix) :]) for subject in self._run(subjects))
         return sorted(name for name in names if name is not None)
+
+    def namespaces(self) -> list[str]:
+        """The namespaces of the server's anarchon buckets (a stream ``KV_anarchon-...``
+        each), read a page of streams at a time."""
+
+        async def streams() -> list[str]:
+            await self._bucket()
+            assert self._nc is not None
+            js = self._nc.jetstream(timeout=self.timeout)
+            names: list[str] = []
+            while page := await js.streams_info(offset=len(names)):
+                names += [info.config.name or "" for info in page]
+            return names
+
+        found = (bucket_namespace(name[3:]) for name in self._run(streams) if name[:3] == "KV_")
+        return sorted(namespace for namespace in found if namespace is not None)
 
     def _set_pause(self, key: str, on: bool) -> bool:
         async def mark() -> bool:

@@ -184,7 +184,18 @@ _HAS_TRIGGER = """SELECT 1 FROM pg_trigger
 _IS_CURRENT = """SELECT 1 FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid
     WHERE t.tgrelid = to_regclass({name}) AND t.tgname = 'anarchon_history'
       AND p.prosrc = {body} AND to_regclass({paused}) IS NOT NULL
-      AND to_regclass({controls}) IS NOT NULL"""
+      AND to_regclass({controls}) IS NOT NULL
+      AND obj_description(to_regclass({name}), 'pg_class') = {comment}"""
+#: The jobs table's comment names its namespace (the table names hash it):
+#: :meth:`PostgresStore.namespaces` reads them back.
+_COMMENT = "COMMENT ON TABLE {jobs} IS {comment}"
+_COMMENT_HEAD = "anarchon namespace "
+#: The comments of the jobs tables of the store's schema (by default the first of
+#: the search path), with the tables' names.
+_NAMESPACES = """SELECT c.relname, obj_description(c.oid, 'pg_class') FROM pg_class c
+    WHERE c.relkind IN ('r', 'p') AND c.relname LIKE 'anarchon\\_%%\\_jobs'
+      AND c.relnamespace = (SELECT oid FROM pg_namespace
+                            WHERE nspname = coalesce(%(schema)s, current_schema()))"""
 _TRIGGER = """CREATE TRIGGER anarchon_history AFTER INSERT OR UPDATE OF token, state
     ON {jobs} FOR EACH ROW EXECUTE FUNCTION {log}()"""
 #: The statement of each change of a batch (any other state is an end).
@@ -424,6 +435,7 @@ class PostgresStore(LeaseStore, RegistryStore, ControlStore):
                 open=True,
             )
         prefix = table_prefix(namespace)
+        self._schema_name = schema
         names = {
             part: sql.Identifier(*([schema] if schema else []), f"{prefix}_{part}")
             for part in ("jobs", "runs", "log", "instances", "paused", "controls", "stats")
@@ -434,6 +446,8 @@ class PostgresStore(LeaseStore, RegistryStore, ControlStore):
         self._registry = [sql.SQL(s).format(**names).as_bytes(None) for s in _REGISTRY]
         self._registry_ready = False
         self._trigger = sql.SQL(_TRIGGER).format(**names).as_bytes(None)
+        comment = sql.Literal(_COMMENT_HEAD + namespace)
+        self._comment = sql.SQL(_COMMENT).format(comment=comment, **names).as_bytes(None)
         self._has_trigger = sql.SQL(_HAS_TRIGGER).format(name=sql.Literal(jobs)).as_bytes(None)
         instances = sql.Literal(names["instances"].as_string(None))
         self._registry_exists = (
@@ -448,6 +462,7 @@ class PostgresStore(LeaseStore, RegistryStore, ControlStore):
                 body=body,
                 paused=sql.Literal(names["paused"].as_string(None)),
                 controls=sql.Literal(names["controls"].as_string(None)),
+                comment=comment,
             )
             .as_bytes(None)
         )
@@ -538,6 +553,7 @@ class PostgresStore(LeaseStore, RegistryStore, ControlStore):
                     conn.execute(statement)
                 if not conn.execute(self._has_trigger).fetchone():
                     conn.execute(self._trigger)
+                conn.execute(self._comment)
             self._ready = True
 
     def _write(self, statement: str, params: dict[str, Any]) -> tuple[Any, Any]:
@@ -684,6 +700,22 @@ class PostgresStore(LeaseStore, RegistryStore, ControlStore):
         with self._connection() as conn:
             # Sorted here rather than by the server's collation, as in every store.
             return sorted(row[0] for row in conn.execute(self._sql["jobs"]).fetchall())
+
+    def namespaces(self) -> list[str]:
+        """The namespaces of the store's schema, named by their jobs table's comment.
+
+        A namespace's tables created by an older release get the comment at
+        the first start of this one.
+        """
+        with self._connection() as conn:
+            rows = conn.execute(_NAMESPACES, {"schema": self._schema_name}).fetchall()
+        found = []
+        for table, comment in rows:
+            namespace = (comment or "").removeprefix(_COMMENT_HEAD)
+            # Only a comment that names the table's own namespace (one a user wrote may not).
+            if comment != namespace and f"{table_prefix(namespace)}_jobs" == table:
+                found.append(namespace)
+        return sorted(found)
 
     def _announce(self, instance: str, info: str, ttl: float) -> list[InstanceRecord]:
         params = {"instance": instance, "info": info, "ttl": ttl}

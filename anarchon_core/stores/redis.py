@@ -837,6 +837,26 @@ class RedisStore(LeaseStore, RegistryStore, ControlStore):
                     exists[i] = bool(found)
         return [job for job, found in zip(names, exists, strict=True) if found]
 
+    def namespaces(self) -> list[str]:
+        """The namespaces with a set of jobs (``anarchon:{<namespace>}:jobs``), scanned on
+        the server (on a cluster, on every primary)."""
+        head, tail = "anarchon:{", "}:jobs"
+        with self._guard():
+            client = self.client
+            if isinstance(client, RedisCluster):
+                cluster: Any = client  # typed in some redis releases, not in others
+                servers = [cluster.get_redis_connection(n) for n in cluster.get_primaries()]
+            else:
+                servers = [client]
+            keys = {
+                _text(key)
+                for server in servers
+                for key in server.scan_iter(match=f"{head}*{tail}", count=1000)
+            }
+        # A job's keys carry "<namespace>/<job>" in their tag: a namespace has no "/".
+        found = {key[len(head) : -len(tail)] for key in keys}
+        return sorted(ns for ns in found if ns and "/" not in ns)
+
     def _registry(self, mode: str, instance: str = "", info: str = "", ttl: float = 0) -> Any:
         keys = [f"anarchon:{{{self.namespace}}}:instances", f"anarchon:{{{self.namespace}}}:seen"]
         with self._guard():

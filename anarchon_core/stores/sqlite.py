@@ -233,6 +233,10 @@ class SQLDialectStore(LeaseStore, RegistryStore, ControlStore):
         with self._transaction(write=False) as conn:
             return [row[0] for row in conn.execute(_sql.JOBS, (self.namespace,)).fetchall()]
 
+    def namespaces(self) -> list[str]:
+        with self._transaction(write=False) as conn:
+            return [row[0] for row in conn.execute(_sql.NAMESPACES).fetchall()]
+
     def _set_pause(self, key: str, on: bool) -> bool:
         return self._write([(_sql.PAUSE if on else _sql.RESUME, {"job": key})])[0].changed == 1
 

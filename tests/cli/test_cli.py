@@ -124,6 +124,22 @@ def test_status_of_an_empty_namespace(tmp_path: Path, capsys: pytest.CaptureFixt
     assert "the jobs may be in another namespace: --namespace NS (Celery's is" in out
 
 
+def test_status_without_a_namespace_names_the_namespaces_in_the_store(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"sqlite:///{tmp_path / 'n.db'}"
+    for namespace in ("proj", "billing"):
+        SQLiteStore(str(tmp_path / "n.db"), namespace=namespace).claim("sync", SLOT, "h:1:a", 30)
+    assert main(["status", "--store", url]) == 1  # nothing in 'default'
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == "namespaces in this store: billing, proj  (--namespace NS shows another)"
+    assert "no jobs recorded in namespace 'default'" in out[2]
+    # Asked for one, it shows that one alone.
+    assert main(["status", "--store", url, "--namespace", "proj"]) == 0
+    out = capsys.readouterr().out
+    assert "namespaces in this store" not in out and "sync" in out
+
+
 @pytest.mark.scenario
 def test_ctrl_c_stops_the_demo_cleanly(tmp_path: Path) -> None:
     import os
