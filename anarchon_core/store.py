@@ -458,8 +458,8 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def namespaces(self) -> list[str]:
         """The namespaces this store's server holds records of (this one's or any other's),
-        sorted: at least every namespace with a job recorded. Answers the same whatever
-        namespace the store was opened with."""
+        sorted: at least every namespace with a job recorded, whatever namespace the store
+        was opened with (a memory store is one namespace's: it answers its own)."""
 
     # -- the registry (RegistryStore); answered empty by the others -----------
 
