@@ -11,6 +11,7 @@ the step's end (:class:`~anarchon_core.deferral.StepGuard`).
 
 from __future__ import annotations
 
+import functools
 import logging
 import signal
 import threading
@@ -68,7 +69,7 @@ class Loop:
         self.wake = wake
         self._close_store = close_store
         self.guard = StepGuard()
-        self.pacer = Pacer(ctx, self._between_chunks, runs.lag)
+        self.pacer = Pacer(ctx, functools.partial(self._upkeep, between_chunks=True), runs.lag)
         #: The last step deferred its claims: the next one waits a little.
         self._deferred = False
         self.stopping = threading.Event()
@@ -153,20 +154,17 @@ class Loop:
         # step, before the engine sleeps.
         self._runs.finish()
 
-    def _upkeep(self) -> None:
-        """The runs' upkeep: record the ends, renew the leases due, report the runs lost."""
-        self._runs.finish()
-        self._runs.renew(self._ctx.clock.monotonic())
-        self._runs.report_lost()
+    def _upkeep(self, between_chunks: bool = False) -> None:
+        """The runs' upkeep: record the ends, renew the leases due, report the runs lost.
 
-    def _between_chunks(self) -> None:
-        """The runs' upkeep between two chunks of claims or takeovers: the leases due are
-        renewed; the ends wait for the step's end unless the oldest has waited long
-        (see :data:`~.pacing.END_HOLD_SHARE`), so that they go in few calls."""
+        ``between_chunks`` (of claims or takeovers): the ends wait for the step's end
+        unless the oldest has waited long (:data:`~.pacing.END_HOLD_SHARE`), so that
+        they go in few calls; the leases due are renewed all the same.
+        """
         now_mono = self._ctx.clock.monotonic()
-        if self._runs.ends_due(now_mono):
+        if not between_chunks or self._runs.ends_due(now_mono):
             self._runs.finish()
-        self._runs.renew(now_mono)
+        self._runs.renew(self._ctx.clock.monotonic())
         self._runs.report_lost()
 
     def _failed(self, exc: Exception) -> float:

@@ -168,10 +168,17 @@ def _counted(record: _Record | None, what: str, at: float | None = None) -> list
     return counts
 
 
+#: How :func:`bucket_name` escapes the namespace characters bucket names do not allow
+#: (``_`` too, so that the escape is injective).
+_ESCAPES = {"_": "__", ".": "_d", ":": "_c"}
+
+
 def bucket_name(namespace: str) -> str:
     """The namespace's bucket: an injective escape into ``[A-Za-z0-9_-]``."""
-    escaped = namespace.replace("_", "__").replace(".", "_d").replace(":", "_c")
-    return f"anarchon-{escaped}"
+    return "anarchon-" + "".join(_ESCAPES.get(c, c) for c in namespace)
+
+
+_UNESCAPES = {escape: c for c, escape in _ESCAPES.items()}
 
 
 def bucket_namespace(bucket: str) -> str | None:
@@ -184,7 +191,7 @@ def bucket_namespace(bucket: str) -> str | None:
             namespace.append(escaped[i])
             i += 1
             continue
-        unescaped = {"_": "_", "d": ".", "c": ":"}.get(escaped[i + 1 : i + 2])
+        unescaped = _UNESCAPES.get(escaped[i : i + 2])
         if unescaped is None:
             return None
         namespace.append(unescaped)

@@ -345,6 +345,10 @@ def _outage(error: Any) -> bool:
     )
 
 
+#: A namespace's set of jobs is the key ``anarchon:{<namespace>}:jobs``.
+_JOBS_HEAD, _JOBS_TAIL = "anarchon:{", "}:jobs"
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -651,7 +655,7 @@ class RedisStore(LeaseStore, RegistryStore, ControlStore):
 
     @property
     def _jobs_key(self) -> str:
-        return f"anarchon:{{{self.namespace}}}:jobs"
+        return f"{_JOBS_HEAD}{self.namespace}{_JOBS_TAIL}"
 
     @property
     def _pause_key(self) -> str:
@@ -840,7 +844,7 @@ class RedisStore(LeaseStore, RegistryStore, ControlStore):
     def namespaces(self) -> list[str]:
         """The namespaces with a set of jobs (``anarchon:{<namespace>}:jobs``), scanned on
         the server (on a cluster, on every primary)."""
-        head, tail = "anarchon:{", "}:jobs"
+        head, tail = _JOBS_HEAD, _JOBS_TAIL
         with self._guard():
             client = self.client
             if isinstance(client, RedisCluster):
