@@ -8,6 +8,7 @@ import cycle.
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 from .errors import ConfigurationError
@@ -54,3 +55,15 @@ def check_namespace(namespace: str) -> str:
             f"namespace {namespace!r}: use 1-100 letters, digits, '_', '-', '.' or ':'"
         )
     return namespace
+
+
+def table_prefix(namespace: str) -> str:
+    """``anarchon_<readable namespace>_<hash>``, the prefix of a namespace's SQL tables.
+
+    ``<readable>`` is the namespace lower-cased with other characters as ``_``,
+    cut to 24, for people reading the tables; ``<hash>`` (SHA-256 of the exact
+    namespace) keeps namespaces that read alike apart. The longest table name
+    made from it stays within MySQL's 64 characters and PostgreSQL's 63 bytes.
+    """
+    readable = re.sub(r"[^a-z0-9_]", "_", namespace.lower())[:24]
+    return f"anarchon_{readable}_{hashlib.sha256(namespace.encode()).hexdigest()[:10]}"

@@ -34,6 +34,8 @@ SCHEMES: dict[str, tuple[str, str | None]] = {
     "valkeys+sentinel": ("anarchon_core.stores.redis:RedisStore", "valkey"),
     "postgresql": ("anarchon_core.stores.postgres:PostgresStore", "postgres"),
     "postgres": ("anarchon_core.stores.postgres:PostgresStore", "postgres"),
+    "mysql": ("anarchon_core.stores.mysql:MySQLStore", "mysql"),
+    "mariadb": ("anarchon_core.stores.mysql:MySQLStore", "mysql"),
     "libsql": ("anarchon_core.stores.libsql:LibSQLStore", None),
     "http": ("anarchon_core.stores.libsql:LibSQLStore", None),
     "https": ("anarchon_core.stores.libsql:LibSQLStore", None),

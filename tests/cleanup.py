@@ -19,6 +19,8 @@ def drop_namespace(url: str, namespace: str) -> None:
             _drop_redis(url, namespace)
         elif scheme in ("postgresql", "postgres"):
             _drop_postgres(url, namespace)
+        elif scheme in ("mysql", "mariadb"):
+            _drop_mysql(url, namespace)
         elif scheme == "nats":
             asyncio.run(_drop_nats(url, namespace))
 
@@ -48,6 +50,22 @@ def _drop_postgres(url: str, namespace: str) -> None:
             f' "{prefix}_paused", "{prefix}_controls", "{prefix}_stats" CASCADE'
         )
         conn.execute(f'DROP FUNCTION IF EXISTS "{prefix}_log"() CASCADE')
+
+
+def _drop_mysql(url: str, namespace: str) -> None:
+    from anarchon_core.names import table_prefix
+    from anarchon_core.stores.mysql import MySQLStore
+
+    store = MySQLStore.from_url(url, namespace=namespace, timeout=3)
+    prefix = table_prefix(namespace)
+    parts = ("jobs", "runs", "stats", "paused", "controls", "instances")
+    conn = store._open()
+    try:
+        with conn.cursor() as cur:
+            cur.execute("DROP TABLE IF EXISTS " + ", ".join(f"`{prefix}_{p}`" for p in parts))
+    finally:
+        conn.close()
+        store.close()
 
 
 async def _drop_nats(url: str, namespace: str) -> None:

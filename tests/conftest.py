@@ -41,6 +41,14 @@ def postgres_url() -> str:
 
 
 @pytest.fixture(scope="session")
+def mysql_url() -> str:
+    """The machine's MariaDB 10.11 (a MySQL store)."""
+    return servers.machine_service(
+        "ANARCHON_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test", 3306, "MariaDB or MySQL"
+    )
+
+
+@pytest.fixture(scope="session")
 def nats_url() -> str:
     """The machine's NATS 2.9 with JetStream."""
     return servers.machine_service("ANARCHON_TEST_NATS_URL", "nats://127.0.0.1:4222", 4222, "NATS")
@@ -201,6 +209,7 @@ SERVER_STORES = {
     "redis-sentinel": "redis_sentinel_url",
     "postgres": "postgres_url",
     "postgres18": "postgres18_url",
+    "mysql": "mysql_url",
     "libsql": "libsql_url",
     "nats": "nats_url",
     "nats215": "nats215_url",
@@ -228,6 +237,7 @@ SERVER_FIXTURES = {
     *SERVER_STORES.values(),
     "redis_url",
     "postgres_url",
+    "mysql_url",
     "nats_url",
     "amqp_url",
 }

@@ -60,7 +60,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import re
 import select
 import threading
 import weakref
@@ -76,6 +75,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ..durations import Duration, store_timeout
 from ..errors import ConfigurationError, Conflict, StoreUnavailable
+from ..names import table_prefix as table_prefix  # importable from here as before
 from ..store import (
     HISTORY,
     NAMESPACE_PAUSE,
@@ -272,12 +272,6 @@ _STATEMENTS = {
             extract(epoch FROM expires_at - clock_timestamp())::float8
         FROM {instances} WHERE expires_at > clock_timestamp() ORDER BY instance""",
 }
-
-
-def table_prefix(namespace: str) -> str:
-    """``anarchon_<readable namespace>_<hash>``, the prefix of a namespace's tables."""
-    readable = re.sub(r"[^a-z0-9_]", "_", namespace.lower())[:24]
-    return f"anarchon_{readable}_{hashlib.sha256(namespace.encode()).hexdigest()[:10]}"
 
 
 def _dropped(conn: psycopg.Connection[Any]) -> bool:
