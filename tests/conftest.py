@@ -247,6 +247,7 @@ FAST_DIRS = ("unit", "docs", "stores")
 SERVER_MODULES = {
     "test_redis",
     "test_postgres",
+    "test_mysql",
     "test_nats",
     "test_rabbitmq",
     "test_libsql",

@@ -45,6 +45,7 @@ are lost, claims too.
 
 from __future__ import annotations
 
+import math
 import select
 import ssl
 import threading
@@ -338,7 +339,9 @@ class MySQLStore(LeaseStore, RegistryStore, ControlStore):
         where = unix_socket or f"{host}:{port}"
         self._where = f"mysql://{user}@{where}/{database}"
         seconds = self.timeout
-        lock_wait = max(1, round(seconds))
+        # Whole seconds, under the read timeout: a lock wait ends with the server's
+        # answer (the connection stays usable) rather than a lost connection.
+        lock_wait = max(1, math.ceil(seconds) - 1)
         self._params: dict[str, Any] = {
             "host": host,
             "port": port,
