@@ -11,7 +11,7 @@ from tests.conftest import SERVER_STORES
 from tests.fleet import Fleet
 
 #: Stores with a lease: every row of the failure table runs against each.
-LEASE_STORES = ["sqlite", "redis", "valkey", "postgres", "libsql", "nats"]
+LEASE_STORES = ["sqlite", "redis", "valkey", "postgres", "mysql", "libsql", "nats"]
 #: Claim-only stores run the rows they support.
 CLAIM_ONLY_STORES = ["rabbitmq"]
 
