@@ -3,7 +3,7 @@
 All are optional but the store, which defaults to the broker itself when the
 broker is Redis/Valkey or RabbitMQ:
 
-``anarchon_store``      store URL (``redis://``, ``postgresql://``, ...)
+``anarchon_store``      store URL (``redis://``, ``postgresql://``, ``mysql://``, ...)
 ``anarchon_namespace``  default: the app's name (``app.main``), else ``celery``
 ``anarchon_lease``      seconds a claim holds without renewal (default 10)
 ``anarchon_jitter``     bound of the random delay before claiming (default 0)

@@ -5,8 +5,9 @@ yet), the request and the store's ``now``, and answers a :class:`Decision`:
 the answer the caller gets, the record after the step, and what the step does
 to the job's history. Nothing here reads a clock or a store.
 
-The memory and NATS stores apply these functions as they are, inside their own
-atomic step (a lock, a compare-and-set). The Redis script and the SQL
+The memory, NATS and MySQL stores apply these functions as they are, inside
+their own atomic step (a lock, a compare-and-set, a transaction holding the
+rows' locks). The Redis script and the SQL
 statements of SQLite, libSQL and PostgreSQL decide on the server, in one
 atomic step each; ``tests/stores/test_decisions.py`` checks them against this
 table with random sequences of operations, so there is one rule to read:

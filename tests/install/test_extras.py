@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cleanup import drop_namespace
 from tests.fleet import per_slot, slot_seconds
 from tests.processes import OWN_GROUP
 from tests.waiting import wait_until
@@ -36,7 +37,7 @@ from tests.waiting import wait_until
 ROOT = Path(__file__).resolve().parents[2]
 APPS = Path(__file__).resolve().parent
 #: Redis databases of these tests, apart from those of the other end-to-end tests.
-REDIS_DB = {"celery": 13, "celery,redis": 14, "dramatiq": 15}
+REDIS_DB = {"celery": 13, "celery,redis": 14, "dramatiq": 15, "celery,mysql": 11}
 SLOTS = 5
 PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
 
@@ -250,7 +251,13 @@ def _amqp(amqp_url: str) -> tuple[str, str]:
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize(
     ("extras", "broker"),
-    [("celery,redis", "redis"), ("celery", "redis"), ("celery", "rabbitmq")],
+    [
+        ("celery,redis", "redis"),
+        ("celery", "redis"),
+        ("celery", "rabbitmq"),
+        # A Django shop's install: the schedule's slots claimed in its MySQL database.
+        ("celery,mysql", "redis"),
+    ],
 )
 def test_celery_worker_with_beat_runs_each_slot_once(
     venv_with: Callable[[str], Path],
@@ -264,6 +271,8 @@ def test_celery_worker_with_beat_runs_each_slot_once(
         url, store = _redis_broker(request.getfixturevalue("redis_url"), extras), ""
     else:
         url, store = _amqp(request.getfixturevalue("amqp_url"))
+    if "mysql" in extras:
+        store = request.getfixturevalue("mysql_url")
     venv = venv_with(extras)
     worker = pod(venv, "celery_app", {"APP_BROKER": url, "APP_STORE": store})
     worker.env.update(APP_NAMESPACE=namespace, APP_REPORT=str(worker.report))
@@ -278,6 +287,8 @@ def test_celery_worker_with_beat_runs_each_slot_once(
         assert all(str(x["id"]).startswith(f"anarchon:{namespace}:") for x in worker.lines())
     finally:
         worker.stop()
+        if store.startswith("mysql"):
+            drop_namespace(store, namespace)
         if broker == "redis":
             _drop_redis_keys(url, namespace)
         else:
