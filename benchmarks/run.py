@@ -48,6 +48,7 @@ from typing import Any
 
 REDIS = "redis://127.0.0.1:6379/0"
 POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
+MYSQL = "mysql://root@127.0.0.1:3306/test"
 
 #: The cases of the suite: (store URL, jobs, instances, every, seconds, jitter[, cron]).
 #: Growth with jobs (100 / 1,000 / 10,000 x 3 instances) and with instances
@@ -64,6 +65,11 @@ SUITE: list[tuple[Any, ...]] = [
     (POSTGRES, 1000, 3, 10.0, 60, 0.0),
     (POSTGRES, 10000, 3, 10.0, 60, 0.0),
     (REDIS, 1000, 3, 60.0, 120, 0.0, "* * * * *"),
+]
+#: The SQL part: the engine's cases of PostgreSQL beside the same on MySQL/MariaDB,
+#: with the transactions each server committed per slot run.
+SQL: list[tuple[Any, ...]] = [
+    (store, jobs, 3, 10.0, 60, 0.0) for store in (POSTGRES, MYSQL) for jobs in (100, 1000, 10000)
 ]
 #: The overload part: 100,000 jobs every minute x 3 instances, on Redis and on
 #: PostgreSQL (same tuple as :data:`SUITE`). Every minute the fleet has far more
@@ -91,13 +97,13 @@ class Result:
     rss_mb: float
     least_share: float = 0.0
     cron: str | None = None
-    #: PostgreSQL only: committed transactions (server-wide) per slot run.
+    #: PostgreSQL and MySQL only: committed transactions (server-wide) per slot run.
     pg_per_slot: float | None = None
     #: The events of every instance over the whole run, by kind.
     events: Counter[str] = field(default_factory=Counter)
 
     def row(self, peer: bool = False) -> str:
-        """The table's row; ``peer``: with PostgreSQL's transactions per slot last."""
+        """The table's row; ``peer``: with the SQL server's transactions per slot last."""
         if peer:
             pg = "-" if self.pg_per_slot is None else f"{self.pg_per_slot:.1f}"
             return Result.row(self) + f" {pg} |"
@@ -243,7 +249,7 @@ def _measure(
         rss,
         min((wins.get(k, 0) for k in range(instances)), default=0) / total,
         cron,
-        commits / total if store.startswith("postgres") else None,
+        commits / total if store.startswith(("postgres", "mysql")) else None,
         events,
     )
 
@@ -297,7 +303,20 @@ def top_frames(profile: Path, count: int = 15) -> list[str]:
 
 
 def _xact_commit(store: str) -> int:
-    """PostgreSQL's committed transactions so far in the store's database (0 elsewhere)."""
+    """The transactions committed so far: PostgreSQL's in the store's database, MySQL's
+    server-wide (``Handler_commit``: statements in autocommit too, as PostgreSQL counts
+    them); 0 elsewhere."""
+    if store.startswith("mysql"):
+        from anarchon_core.stores.mysql import MySQLStore
+
+        conn = MySQLStore.from_url(store, namespace="bench")._open()
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SHOW GLOBAL STATUS LIKE 'Handler_commit'")
+                found = cur.fetchone()
+        finally:
+            conn.close()
+        return int(found[1]) if found else 0
     if not store.startswith("postgres"):
         return 0
     import psycopg
@@ -318,7 +337,7 @@ def _drop(store: str, namespace: str) -> None:
 
 
 #: The parts of the suite: each a table of its own in docs/benchmarks.md.
-PARTS = ("engine", "overload", "failover", "celery", "apscheduler")
+PARTS = ("engine", "sql", "overload", "failover", "celery", "apscheduler")
 #: The engine's cases profiled with py-spy (their first instance, over the window).
 PROFILED = {(REDIS, 1000, 3), (REDIS, 10000, 10), (POSTGRES, 10000, 3)}
 
@@ -328,6 +347,8 @@ UNUSUAL = ("overlap", "finish_refused", "catch_up", "missed", "lost", "takeover"
 #: The overload part's table: the engine's, and the unusual events of every instance.
 _HEAD, _RULE = HEADER.splitlines()
 OVERLOAD_HEADER = f"{_HEAD} Unusual events |\n{_RULE}---|"
+#: The SQL part's table: the engine's, and the transactions committed per slot run.
+SQL_HEADER = f"{_HEAD} Transactions per slot |\n{_RULE}---|"
 #: The profiles of the last engine part: (case, rows of :func:`top_frames`).
 PROFILES: list[tuple[str, list[str]]] = []
 
@@ -354,6 +375,13 @@ def suite_part(part: str) -> tuple[str, list[str]]:
                 profiles.append((title, top_frames(profile)))
         PROFILES[:] = profiles
         return header, rows
+    if part == "sql":
+        print(SQL_HEADER, flush=True)
+        rows = []
+        for case in SQL:
+            rows.append(run_case(*case).row(peer=True))
+            print(rows[-1], flush=True)
+        return SQL_HEADER, rows
     if part == "overload":
         print(OVERLOAD_HEADER, flush=True)
         rows = []

@@ -24,6 +24,18 @@ def test_a_short_benchmark_case_runs_every_slot_once(tmp_path: Path) -> None:
     assert result.row().count("|") == HEADER.splitlines()[0].count("|")
 
 
+def test_a_short_mysql_case_counts_the_servers_transactions_per_slot(mysql_url: str) -> None:
+    """The SQL part's row: the engine's figures and MariaDB's commits per slot run."""
+    result = run_case(mysql_url, 20, 2, 1.0, 4.0, 0.0)
+    assert result.lateness and result.doubled == 0 and result.missed == 0
+    # Each slot's claim and end are transactions of their own: at least one per slot.
+    assert result.pg_per_slot is not None and result.pg_per_slot >= 1
+    row = result.row(peer=True)
+    assert row.startswith("| mysql |")
+    assert row.count("|") == run.SQL_HEADER.splitlines()[0].count("|")
+    assert [case[0] for case in run.SQL] == [POSTGRES] * 3 + [run.MYSQL] * 3
+
+
 def test_a_profile_is_summed_by_function(tmp_path: Path) -> None:
     profile = tmp_path / "profile.raw"
     profile.write_text(
