@@ -711,16 +711,26 @@ class MySQLStore(LeaseStore, RegistryStore, ControlStore):
             return sorted(_text(row[0]) for row in cur.fetchall())
 
     def namespaces(self) -> list[str]:
-        """The namespaces of the database, named by their jobs table's comment."""
+        """The namespaces of the database with a job recorded, named by their jobs
+        table's comment."""
         with self._cursor() as cur:
             cur.execute(_TABLES)
-            rows = cur.fetchall()
-        found = []
-        for table, comment in rows:
-            head, _, namespace = _text(comment).partition(" namespace ")
-            if head.startswith(_COMMENT_HEAD) and f"{table_prefix(namespace)}_jobs" == table:
-                found.append(namespace)
-        return sorted(found)
+            named = {}
+            for table, comment in cur.fetchall():
+                head, _, namespace = _text(comment).partition(" namespace ")
+                # Only a comment that names the table's own namespace (one a user wrote may not).
+                if head.startswith(_COMMENT_HEAD) and f"{table_prefix(namespace)}_jobs" == table:
+                    named[table] = namespace
+            if not named:
+                return []
+            # The names were checked against the namespaces' own: safe to quote as they are.
+            cur.execute(
+                " UNION ALL ".join(
+                    f"SELECT %s FROM DUAL WHERE EXISTS (SELECT 1 FROM `{table}`)" for table in named
+                ),
+                list(named.values()),
+            )
+            return sorted(_text(row[0]) for row in cur.fetchall())
 
     def stats(self, jobs: Iterable[str]) -> dict[str, JobStats]:
         names = list(dict.fromkeys(jobs))

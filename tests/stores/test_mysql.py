@@ -369,3 +369,12 @@ def test_a_password_in_the_url_works_and_stays_hidden(make: Make, mysql_url: str
     finally:
         with connect(mysql_url) as conn, conn.cursor() as cur:
             cur.execute(f"DROP USER '{user}'@'%'")
+
+
+def test_a_namespace_is_listed_once_it_has_a_job_not_for_its_empty_tables(make: Make) -> None:
+    """``anarchon status`` opens the default namespace, which makes its tables: not listed."""
+    looked = make()
+    assert looked.jobs() == []
+    assert looked.namespace not in looked.namespaces()
+    looked.claim("job", SLOT, "a", 5)
+    assert looked.namespace in make().namespaces()
