@@ -9,10 +9,13 @@ waits and lost connections told as outages and ridden out, and its options.
 from __future__ import annotations
 
 import random
+import shutil
+import subprocess
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pymysql
@@ -22,6 +25,7 @@ from anarchon_core import ClaimRequest, ClaimStatus, RunState, StoreUnavailable,
 from anarchon_core.errors import ConfigurationError
 from anarchon_core.names import table_prefix
 from anarchon_core.stores.mysql import SCHEMA_VERSION, MySQLStore
+from tests import servers
 from tests.cleanup import drop_namespace
 
 SLOT = 1_700_000_000_000
@@ -378,3 +382,98 @@ def test_a_namespace_is_listed_once_it_has_a_job_not_for_its_empty_tables(make: 
     assert looked.namespace not in looked.namespaces()
     looked.claim("job", SLOT, "a", 5)
     assert looked.namespace in make().namespaces()
+
+
+def _certificates(folder: Path) -> dict[str, Path]:
+    """A CA, a server certificate for 127.0.0.1 (not for 'localhost'), a client
+    certificate, and a second CA that signed none of them: PEM files made by openssl."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        servers.unavailable("openssl (to make the TLS test's certificates)")
+    assert openssl is not None
+
+    def run(*argv: str) -> None:
+        subprocess.run([openssl, *argv], cwd=folder, check=True, capture_output=True)
+
+    for ca in ("ca", "other-ca"):
+        run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", f"/CN={ca}",
+            "-keyout", f"{ca}.key", "-out", f"{ca}.pem")  # fmt: skip
+    (folder / "san.ext").write_text("subjectAltName = IP:127.0.0.1\n")
+    for name in ("server", "client"):
+        run("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}",
+            "-keyout", f"{name}.key", "-out", f"{name}.csr")  # fmt: skip
+        run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+            "-CAcreateserial", "-days", "2", "-extfile", "san.ext",
+            "-out", f"{name}.pem")  # fmt: skip
+    return {p.stem + p.suffix: p for p in folder.iterdir()}
+
+
+@pytest.fixture(scope="module")
+def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, dict[str, Path]]]:
+    """A private MariaDB that offers TLS with a certificate of our CA, and a user that
+    must show a client certificate."""
+    files = _certificates(tmp_path_factory.mktemp("tls"))
+    server = servers.start_mariadb("mariadb-tls")
+    try:
+        server.stop()
+        server.argv += [
+            f"--ssl-ca={files['ca.pem']}",
+            f"--ssl-cert={files['server.pem']}",
+            f"--ssl-key={files['server.key']}",
+        ]
+        server.start(timeout=60)
+        root = pymysql.connect(host="127.0.0.1", port=server.port, user="root")
+        with root, root.cursor() as cur:
+            cur.execute("CREATE USER 'tls'@'%' REQUIRE X509")
+            cur.execute("GRANT ALL ON test.* TO 'tls'@'%'")
+        yield server.port, files
+    finally:
+        server.stop()
+        if server.workdir is not None:
+            shutil.rmtree(server.workdir, ignore_errors=True)
+
+
+def _cipher(store: MySQLStore) -> str:
+    """The TLS cipher of the store's connection ('' when the connection is plain)."""
+    with store._cursor() as cur:
+        cur.execute("SHOW SESSION STATUS LIKE 'Ssl_cipher'")
+        row = cur.fetchone()
+    return str(row[1]) if row else ""
+
+
+def test_tls_options_verify_the_server_and_present_a_client_certificate(
+    make: Make, tls_server: tuple[int, dict[str, Path]]
+) -> None:
+    port, files = tls_server
+    at = f"mysql://root@127.0.0.1:{port}/test"
+    ca, other = files["ca.pem"], files["other-ca.pem"]
+    # The server's certificate checked against our CA, and its name (127.0.0.1).
+    verified = make(url=f"{at}?ssl_mode=verify_identity&ssl_ca={ca}")
+    assert verified.claim("job", SLOT, "a", 5).won
+    assert _cipher(verified)
+    assert _cipher(make(url=f"{at}?ssl_ca={ca}"))  # ssl_ca alone: verify_ca
+    assert _cipher(make(url=f"{at}?ssl_mode=required"))  # encrypted, unverified
+    assert _cipher(make(url=at))  # preferred: TLS, as the server offers it
+    assert not _cipher(make(url=f"{at}?ssl_mode=disabled"))
+    # A CA that did not sign it, or a name it does not carry: no connection.
+    with pytest.raises(StoreUnavailable, match="CERTIFICATE_VERIFY_FAILED"):
+        make(url=f"{at}?ssl_mode=verify_ca&ssl_ca={other}").jobs()
+    localhost = f"mysql://root@localhost:{port}/test?ssl_mode=verify_identity&ssl_ca={ca}"
+    with pytest.raises(StoreUnavailable, match=r"CERTIFICATE_VERIFY_FAILED|match"):
+        make(url=localhost).jobs()
+    ns = verified.namespace
+    assert make(ns, url=localhost.replace("verify_identity", "verify_ca")).jobs() == ["job"]
+    # A user that must show a client certificate.
+    user = f"mysql://tls@127.0.0.1:{port}/test?ssl_mode=verify_ca&ssl_ca={ca}"
+    with pytest.raises(StoreUnavailable, match="Access denied"):
+        make(url=user).jobs()
+    cert, key = files["client.pem"], files["client.key"]
+    assert make(ns, url=f"{user}&ssl_cert={cert}&ssl_key={key}").jobs() == ["job"]
+
+
+def test_tls_files_that_cannot_be_read_are_refused_when_opened(tmp_path: Path) -> None:
+    missing = tmp_path / "none.pem"
+    with pytest.raises(ConfigurationError, match="TLS files"):
+        open_store(f"mysql://u@127.0.0.1/db?ssl_ca={missing}", namespace="x")
+    with pytest.raises(ConfigurationError, match="ssl_cert and ssl_key go together"):
+        open_store(f"mysql://u@127.0.0.1/db?ssl_mode=required&ssl_cert={missing}", namespace="x")
