@@ -8,9 +8,11 @@ one monotonic clock and the order of what they saw can be compared.
   meanwhile is recorded ``done`` once writes work again, not renewed for
   ever and run again; a run whose lease ran out meanwhile is told so before
   any backup runs the slot again; the engine goes on with later slots.
-- One instance's link to Redis, PostgreSQL or NATS goes silent (a TCP proxy
-  stops forwarding, closing nothing): its handler sees ``run.lost`` before
-  the backup starts attempt 2 of the slot, however long the driver waits.
+- One instance's link to Redis, PostgreSQL, MySQL, NATS or libSQL goes silent
+  (a TCP proxy stops forwarding, closing nothing): its handler sees
+  ``run.lost`` before the backup starts attempt 2 of the slot, however long
+  the driver waits. The MySQL store bounds every call by its timeout: each
+  fails within about that long while the link is silent.
 """
 
 from __future__ import annotations
@@ -21,14 +23,22 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 
-from anarchon_core import Event, EventKind, Run, RunState, Scheduler, open_store
+from anarchon_core import (
+    Event,
+    EventKind,
+    Run,
+    RunState,
+    Scheduler,
+    StoreUnavailable,
+    open_store,
+)
 from anarchon_core.slots import Slot
 from tests import servers
 from tests.cleanup import drop_namespace
@@ -340,7 +350,7 @@ def test_postgres_read_only_neither_drops_a_finished_run_nor_runs_it_again(
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("kind", ["redis", "postgres", "nats", "libsql"])
+@pytest.mark.parametrize("kind", ["redis", "postgres", "mysql", "nats", "libsql"])
 def test_runner_behind_a_silent_link_sees_run_lost_before_the_takeover(
     kind: str, request: pytest.FixtureRequest
 ) -> None:
@@ -414,3 +424,59 @@ def test_runner_behind_a_silent_link_sees_run_lost_before_the_takeover(
     assert first_lost_at is not None, "the runner never saw run.lost"
     assert blackholed_at < first_lost_at < second.started
     assert [x.slot_id for x in attempts.all()] == [first.slot_id] * 2
+
+
+#: The MySQL store's ``timeout`` in the test below: every call's bound.
+MYSQL_TIMEOUT = 1.0
+
+
+@pytest.mark.timeout(60)
+def test_mysql_calls_behind_a_silent_link_fail_within_the_timeout_then_recover(
+    mysql_url: str,
+) -> None:
+    """A MySQL store whose link goes silent: each call raises StoreUnavailable within
+    about its ``timeout`` (PyMySQL's read and connect timeouts), however the call
+    meets the silence (a pooled connection's read, a new connection's handshake);
+    once the link is back the store answers again, and the lease it took is intact."""
+    target = urlsplit(mysql_url)
+    proxy = TcpProxy(target.hostname or "127.0.0.1", target.port or 3306)
+    namespace = f"p{uuid.uuid4().hex[:10]}"
+    url = proxy.url(mysql_url) + f"?timeout={MYSQL_TIMEOUT:g}"
+    store = open_store(url, namespace=namespace)
+    slot_ms = int(time.time()) * 1000
+
+    def took_to_fail(call: Callable[[], object]) -> float:
+        began = time.monotonic()
+        with pytest.raises(StoreUnavailable):
+            call()
+        return time.monotonic() - began
+
+    try:
+        won = store.claim("job", slot_ms, "a", 30)
+        assert won.won and won.holder is not None
+        token = won.holder.token
+        proxy.blackhole()
+        took = {
+            "renew": took_to_fail(lambda: store.renew("job", token, 30)),
+            "state": took_to_fail(lambda: store.state("job")),
+            "claim": took_to_fail(lambda: store.claim("other", slot_ms, "a", 30)),
+            "ping": took_to_fail(store.ping),
+        }
+        assert all(t < MYSQL_TIMEOUT + 1.5 for t in took.values()), took
+        proxy.restore()
+
+        def answers() -> bool:
+            try:
+                store.ping()
+            except StoreUnavailable:
+                return False  # a connection cut mid-answer may fail once
+            return True
+
+        wait_until(answers, 15, "the store to answer once the link is back")
+        state = store.state("job")
+        assert state is not None and state.token == token
+        assert store.renew("job", token, 30)
+    finally:
+        store.close()
+        proxy.close()
+        drop_namespace(mysql_url, namespace)
