@@ -33,6 +33,7 @@ import pytest
 from anarchon_core import (
     Event,
     EventKind,
+    LeaseStore,
     Run,
     RunState,
     Scheduler,
@@ -443,6 +444,7 @@ def test_mysql_calls_behind_a_silent_link_fail_within_the_timeout_then_recover(
     namespace = f"p{uuid.uuid4().hex[:10]}"
     url = proxy.url(mysql_url) + f"?timeout={MYSQL_TIMEOUT:g}"
     store = open_store(url, namespace=namespace)
+    assert isinstance(store, LeaseStore)
     slot_ms = int(time.time()) * 1000
 
     def took_to_fail(call: Callable[[], object]) -> float:
