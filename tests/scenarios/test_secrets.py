@@ -31,8 +31,10 @@ The failures, for each kind of store:
    ``sentinel_password``;
    NATS: private servers demanding another user's password or another token;
    RabbitMQ: guest's wrong password; PostgreSQL, whose trust auth takes any
-   password: a missing database, by URL and by conninfo; libSQL, whose sqld
-   takes any token: a server answering 401);
+   password: a missing database, by URL and by conninfo; MySQL (MariaDB):
+   root's password given where root has none, and a user of the test's own
+   given a wrong one; libSQL, whose sqld takes any token: a server answering
+   401);
 3. down mid-run: a scheduler running a job every second through a TCP proxy
    (in a process of its own: the libSQL client holds the GIL while it waits
    for an answer) that goes down (connections cut, new ones refused), then
@@ -95,7 +97,8 @@ KINDS = list(SERVER_STORES)
 
 #: Imported before logging is captured, so that loggers their drivers make at
 #: import are there to be looked at (see :meth:`Capture.installed`).
-STORE_MODULES = [f"anarchon_core.stores.{name}" for name in ("redis", "postgres", "libsql")]
+STORE_MODULES = [f"anarchon_core.stores.{name}" for name in ("redis", "postgres", "mysql")]
+STORE_MODULES += ["anarchon_core.stores.libsql"]
 STORE_MODULES += [f"anarchon_core.stores.{name}" for name in ("nats", "rabbitmq")]
 
 #: The kinds of store served by Redis or Valkey, whose credentials are ACL users'.
@@ -109,6 +112,7 @@ SCHEMES = {
     "redis-sentinel": ("redis+sentinel", "/anarchon/0"),  # a sentinel; the master's name
     "postgres": ("postgresql", "/test"),
     "postgres18": ("postgresql", "/postgres"),
+    "mysql": ("mysql", "/test"),
     "libsql": ("http", ""),
     "nats": ("nats", ""),
     "nats215": ("nats", ""),
@@ -724,6 +728,36 @@ def rabbitmq_user(server: str, password: str) -> Iterator[str]:
 
 
 @contextlib.contextmanager
+def mysql_user(server: str, password: str) -> Iterator[str]:
+    """A MySQL user of the test's own, with ``password``, who may do anything in the
+    database of ``server`` (a URL whose user may create users); dropped afterwards."""
+    import pymysql
+
+    parts = urlsplit(server)
+    database = unquote(parts.path.lstrip("/"))
+    name = f"anarchon-secret-{uuid.uuid4().hex[:8]}"
+    admin = pymysql.connect(
+        host=parts.hostname or "127.0.0.1",
+        port=parts.port or 3306,
+        user=unquote(parts.username or "root"),
+        password=unquote(parts.password or ""),
+        connect_timeout=5,
+        read_timeout=10,
+        autocommit=True,
+    )
+    try:
+        with admin.cursor() as cur:
+            cur.execute("CREATE USER %s@'%%' IDENTIFIED BY %s", (name, password))
+            quoted = database.replace("`", "``")
+            cur.execute(f"GRANT ALL PRIVILEGES ON `{quoted}`.* TO %s@'%%'", (name,))
+        yield name
+    finally:
+        with contextlib.suppress(Exception), admin.cursor() as cur:
+            cur.execute("DROP USER IF EXISTS %s@'%%'", (name,))
+        admin.close()
+
+
+@contextlib.contextmanager
 def accepted_user(kind: str, server: str, secret: Secret) -> Iterator[str | None]:
     """A user whom ``server`` lets in with ``secret`` as password (None: no user part)."""
     if kind in REDIS_KINDS:
@@ -734,6 +768,9 @@ def accepted_user(kind: str, server: str, secret: Secret) -> Iterator[str | None
             yield name
     elif kind.startswith("postgres"):
         yield "postgres"  # trust auth: any password will do
+    elif kind == "mysql":
+        with mysql_user(server, secret.value) as name:
+            yield name
     elif kind.startswith("nats"):
         yield "anarchon"  # a server without authorization ignores credentials
     else:
@@ -1067,6 +1104,13 @@ def test_credentials_refused(
                 parts = urlsplit(server)
                 assert parts.hostname is not None and parts.port is not None
                 conninfos.append(postgres_conninfo(wrong, parts.hostname, parts.port, missing))
+            elif kind == "mysql":
+                server = str(request.getfixturevalue(SERVER_STORES[kind]))
+                # A password for root, who has none (MariaDB's "Access denied")...
+                urls.append(store_url(kind, server, wrong, user="root", options=short))
+                # ... and a user's wrong password, the user made on the server.
+                user = stack.enter_context(mysql_user(server, Secret.new().value))
+                urls.append(store_url(kind, server, wrong, user=user, options=short))
             else:  # libSQL: sqld without auth takes any token; a server answering 401
                 private = refusing_sqld()
                 stack.callback(private.stop)
@@ -1240,6 +1284,19 @@ MALFORMED = {
     "postgres-empty-schema": "postgresql://u:{q}@127.0.0.1/db?schema=",
     "postgres-pool-size": "postgres://u:{q}@127.0.0.1/db?pool_size=two",
     "postgres-ipv6-unclosed": "postgresql://u:{q}@[::1/db",
+    "mysql-unknown-option": "mysql://u:{q}@127.0.0.1/db?foo=bar",
+    "mysql-timeout-not-a-duration": "mysql://u:{q}@127.0.0.1/db?timeout=soon",
+    "mysql-timeout-too-short": "mysql://u:{q}@127.0.0.1/db?timeout=0.01",
+    "mysql-empty-option": "mysql://u:{q}@127.0.0.1/db?ssl_mode=",
+    "mysql-pool-size": "mysql://u:{q}@127.0.0.1/db?pool_size=two",
+    "mysql-pool-size-zero": "mysql://u:{q}@127.0.0.1/db?pool_size=0",
+    "mysql-ssl-mode-unknown": "mysql://u:{q}@127.0.0.1/db?ssl_mode=always",
+    "mysql-ssl-ca-missing": "mysql://u:{q}@127.0.0.1/db?ssl_ca=/nonexistent/ca.pem",
+    "mysql-ssl-cert-without-key": "mysql://u:{q}@127.0.0.1/db?ssl_cert=/nonexistent/c.pem",
+    "mysql-no-database": "mysql://u:{q}@127.0.0.1:3306",
+    "mysql-port-out-of-range": "mysql://u:{q}@127.0.0.1:99999/db",
+    "mysql-port-not-a-number": "mysql://u:{q}@127.0.0.1:port/db",
+    "mariadb-ipv6-unclosed": "mariadb://u:{q}@[::1/db",
     "libsql-no-host": "http://?authToken={q}",
     "libsql-unknown-option": "http://127.0.0.1:8080?authToken={q}&foo=bar",
     "libsql-timeout-too-short": "libsql://127.0.0.1:8080?authToken={q}&timeout=0.01",
@@ -1264,6 +1321,9 @@ UNENCODED = {
         "#",
     ),
     "postgres-unencoded-question-mark": ("postgresql://u:{raw}@127.0.0.1:5432/db", "?"),
+    "mysql-unencoded-question-mark": ("mysql://u:{raw}@127.0.0.1:3306/db", "?"),
+    "mysql-unencoded-slash": ("mysql://u:{raw}@127.0.0.1:3306/db", "/"),
+    "mariadb-unencoded-hash": ("mariadb://u:{raw}@127.0.0.1:3306/db", "#"),
     "nats-unencoded-hash": ("nats://u:{raw}@127.0.0.1:4222", "#"),
     "sentinel-password-unencoded-ampersand": (
         "redis+sentinel://127.0.0.1:26379/anarchon/0?sentinel_password={raw}",
