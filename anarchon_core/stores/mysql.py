@@ -493,23 +493,25 @@ class MySQLStore(LeaseStore, RegistryStore, ControlStore):
             yield cur
 
     def _transaction(
-        self, run: Callable[[pymysql.cursors.Cursor], tuple[list[tuple[str, list[Any]]], A]]
+        self,
+        reads: list[tuple[str, Sequence[Any]]],
+        decide: Callable[[list[Sequence[Any]]], tuple[list[tuple[str, list[Any]]], A]],
     ) -> A:
-        """``run`` inside a transaction, then its writes and the commit in one round trip.
+        """A transaction in two round trips: ``reads``, then what ``decide`` writes, committed.
 
-        ``run`` reads (locking what it needs) and answers the statements to
-        write and the answer. A deadlock's victim, or a transaction that raced
-        another on a new row, is rolled back and run again from the start.
+        The first round trip starts the transaction and runs ``reads`` (those
+        that lock rows, ``FOR UPDATE``, first); ``decide`` gets the rows of
+        each and answers the statements to write and the answer; the second
+        sends the writes and ``COMMIT`` together. A deadlock's victim, or a
+        transaction that raced another on a new row, is rolled back and run
+        again from the start (nothing of it was applied).
         """
         for attempt in range(_TRIES):
             with self._connection() as conn, conn.cursor() as cur:
                 try:
-                    conn.begin()
-                    writes, answer = run(cur)
-                    statements = [sql for sql, _ in writes] + ["COMMIT"]
-                    cur.execute(";\n".join(statements), [a for _, args in writes for a in args])
-                    while cur.nextset():
-                        pass
+                    results = _run(cur, [("START TRANSACTION", ()), *reads])[1:]
+                    writes, answer = decide(results)
+                    _run(cur, [*writes, ("COMMIT", ())])
                     return answer
                 except pymysql.err.MySQLError as exc:
                     _roll_back(conn)
@@ -535,27 +537,27 @@ class MySQLStore(LeaseStore, RegistryStore, ControlStore):
         """Lock ``jobs``' rows, decide each item by ``rule``, write what it says, commit.
 
         ``rule(i, record, now, pause marks)`` decides item ``i``; every job
-        appears once.
+        appears once. The server's ``now`` is read after the locks are granted.
         """
+        names = sorted(set(jobs))
+        marks = _marks(len(names))
+        reads: list[tuple[str, Sequence[Any]]] = [
+            (self._sql["lock"].format(marks=marks), names),
+            (self._sql["now"], ()),
+        ]
+        if pauses:
+            reads.append((self._sql["paused_of"].format(marks=marks), names))
 
-        def run(cur: pymysql.cursors.Cursor) -> tuple[list[tuple[str, list[Any]]], list[A]]:
-            names = sorted(set(jobs))
-            marks = _marks(len(names))
-            cur.execute(self._sql["lock"].format(marks=marks), names)
-            records = {_text(row[0]): _record(row) for row in cur.fetchall()}
-            cur.execute(self._sql["now"])
-            now = float(cur.fetchone()[0])  # type: ignore[index]
-            marked: set[str] = set()
-            if pauses:
-                cur.execute(self._sql["paused_of"].format(marks=marks), names)
-                marked = {_text(row[0]) for row in cur.fetchall()}
-            decided = [rule(i, records.get(job), now, marked) for i, job in enumerate(jobs)]
+        def decided(results: list[Sequence[Any]]) -> tuple[list[tuple[str, list[Any]]], list[A]]:
+            records = {_text(row[0]): _record(row) for row in results[0]}
+            now = float(results[1][0][0])
+            marked = {_text(row[0]) for row in results[2]} if pauses else set()
             olds = [records.get(job) for job in jobs]
-            return self._writes(list(zip(olds, decided, strict=True)), now), [
-                d.answer for d in decided
-            ]
+            steps = [rule(i, old, now, marked) for i, old in enumerate(olds)]
+            writes = self._writes(list(zip(olds, steps, strict=True)), now)
+            return writes, [step.answer for step in steps]
 
-        return self._transaction(run)
+        return self._transaction(reads, decided)
 
     def _writes(
         self, steps: list[tuple[Record | None, Decision[Any]]], now: float
@@ -766,11 +768,14 @@ class MySQLStore(LeaseStore, RegistryStore, ControlStore):
         return {_text(key): (int(version), value) for key, version, value in rows}
 
     def _set_control(self, key: str, value: str | None, expected: int) -> int:
-        def run(cur: pymysql.cursors.Cursor) -> tuple[list[tuple[str, list[Any]]], int]:
-            # The count's row lock orders every control write of the namespace.
-            cur.execute(self._sql["control_count"])
-            cur.execute(self._sql["control_read"], (key,))
-            versions = {_text(k): int(v) for k, v in cur.fetchall()}
+        # The count's row lock orders every control write of the namespace.
+        reads: list[tuple[str, Sequence[Any]]] = [
+            (self._sql["control_count"], ()),
+            (self._sql["control_read"], (key,)),
+        ]
+
+        def decided(results: list[Sequence[Any]]) -> tuple[list[tuple[str, list[Any]]], int]:
+            versions = {_text(k): int(v) for k, v in results[1]}
             found = versions.get(key, 0)
             if found != expected:
                 raise Conflict(key, expected, found)
@@ -779,16 +784,18 @@ class MySQLStore(LeaseStore, RegistryStore, ControlStore):
             version = versions[""]
             return [(self._sql["control_put"], [key, version, value])], version
 
-        return self._transaction(run)
+        return self._transaction(reads, decided)
 
     # -- the registry ----------------------------------------------------------
 
     def _announce(self, instance: str, info: str, ttl: float) -> list[InstanceRecord]:
         with self._cursor() as cur:
-            cur.execute(self._sql["announce"], (instance, info, ttl))
-            cur.execute(self._sql["expire"])
-            cur.execute(self._sql["instances"])
-            rows = cur.fetchall()
+            # One round trip; each statement its own atomic step.
+            steps: list[tuple[str, Sequence[Any]]] = [
+                (self._sql["announce"], (instance, info, ttl))
+            ]
+            steps += [(self._sql["expire"], ()), (self._sql["instances"], ())]
+            rows = _run(cur, steps)[-1]
         return [self._instance_record((_text(row[0]), *row[1:])) for row in rows]
 
     def withdraw(self, instance: str) -> None:
@@ -814,6 +821,19 @@ def _record(row: Sequence[Any]) -> Record:
     return Record(
         _text(job), int(slot_ms), owner, int(attempt), int(token), RunState(state), lease_until
     )
+
+
+def _run(cur: pymysql.cursors.Cursor, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[Any]:
+    """``statements`` in one round trip; the rows of each (empty for a write), in order.
+
+    The server stops at the first that fails, whose error is raised here.
+    """
+    args = [arg for _, values in statements for arg in values]
+    cur.execute(";\n".join(sql for sql, _ in statements), args or None)
+    results = [cur.fetchall()]
+    while cur.nextset():
+        results.append(cur.fetchall())
+    return results
 
 
 def _schema_version(comment: str) -> int | None:

@@ -21,7 +21,15 @@ from typing import Any
 import pymysql
 import pytest
 
-from anarchon_core import ClaimRequest, ClaimStatus, RunState, StoreUnavailable, open_store
+from anarchon_core import (
+    Change,
+    ClaimRequest,
+    ClaimStatus,
+    RunState,
+    StoreUnavailable,
+    TakeoverRequest,
+    open_store,
+)
 from anarchon_core.errors import ConfigurationError
 from anarchon_core.names import table_prefix
 from anarchon_core.stores.mysql import SCHEMA_VERSION, MySQLStore
@@ -477,3 +485,29 @@ def test_tls_files_that_cannot_be_read_are_refused_when_opened(tmp_path: Path) -
         open_store(f"mysql://u@127.0.0.1/db?ssl_ca={missing}", namespace="x")
     with pytest.raises(ConfigurationError, match="ssl_cert and ssl_key go together"):
         open_store(f"mysql://u@127.0.0.1/db?ssl_mode=required&ssl_cert={missing}", namespace="x")
+
+
+def test_a_batch_is_two_round_trips_whatever_its_size(
+    make: Make, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Claims, takeovers and changes: the rows locked and read, then written and committed."""
+    store = make()
+    store.jobs()  # the tables made, a connection open
+    sent: list[str] = []
+    query = pymysql.connections.Connection.query
+
+    def counted(conn: pymysql.connections.Connection, sql: Any, unbuffered: bool = False) -> Any:
+        sent.append(str(sql)[:40])
+        return query(conn, sql, unbuffered)
+
+    monkeypatch.setattr(pymysql.connections.Connection, "query", counted)
+    jobs = [f"job{n}" for n in range(200)]
+    claims = store.claim_many([ClaimRequest(job, SLOT, 0.2) for job in jobs], "a")
+    assert all(c.won for c in claims) and len(sent) == 2, sent
+    sent.clear()
+    changes = [Change(job, 1, RunState.RUNNING, 0.2) for job in jobs]
+    assert all(store.change_many(changes)) and len(sent) == 2, sent
+    time.sleep(0.3)
+    sent.clear()
+    takeovers = [TakeoverRequest(job, SLOT, 5, 1) for job in jobs]
+    assert all(c.won for c in store.takeover_many(takeovers, "b")) and len(sent) == 2, sent
