@@ -45,6 +45,7 @@ are lost, claims too.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import select
 import ssl
@@ -211,10 +212,6 @@ def _dropped(conn: pymysql.connections.Connection) -> bool:
     return bool(poller.poll(0))
 
 
-class _PoolTimeout(Exception):
-    """No pooled connection came free in time."""
-
-
 class _Pool:
     """At most ``size`` connections, opened on demand; a broken one is closed, not kept."""
 
@@ -242,7 +239,9 @@ class _Pool:
                     break
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise _PoolTimeout(f"no connection came free within {wait:g} s")
+                    raise pymysql.err.OperationalError(
+                        0, f"no pooled connection came free within {wait:g} s"
+                    )
                 self._free.wait(left)
         try:
             return self._connect()
@@ -262,10 +261,7 @@ class _Pool:
 
     def _discard(self, conn: pymysql.connections.Connection) -> None:
         self._opened -= 1
-        try:
-            conn.close()
-        except Exception:
-            conn._force_close()  # type: ignore[attr-defined]
+        _close(conn)
 
     def close(self) -> None:
         with self._free:
@@ -451,7 +447,7 @@ class MySQLStore(LeaseStore, RegistryStore, ControlStore):
                 raise
             finally:
                 self._pool.put(conn, healthy)
-        except (*_UNAVAILABLE, _PoolTimeout) as exc:  # type: ignore[misc]
+        except _UNAVAILABLE as exc:
             # While the server is away, fail fast instead of waiting the whole
             # timeout on every call: the engine backs off and decides leases.
             self._wait = min(self.timeout, _DOWN_WAIT)
@@ -848,5 +844,11 @@ def _roll_back(conn: pymysql.connections.Connection) -> None:
     """End a failed transaction; a connection that cannot is closed (the pool drops it)."""
     try:
         conn.rollback()
-    except Exception:
-        conn._force_close()  # type: ignore[attr-defined]
+    except Exception:  # the connection is gone or broken: closed, the pool drops it
+        _close(conn)
+
+
+def _close(conn: pymysql.connections.Connection) -> None:
+    """Close ``conn`` whatever its state (the driver closes its socket in any case)."""
+    with contextlib.suppress(pymysql.err.Error):
+        conn.close()

@@ -61,6 +61,7 @@ BASES = {
     "redis-sentinel": "redis+sentinel://127.0.0.1:26379/anarchon/0",
     "postgres": "postgresql://postgres@127.0.0.1:5432/test",
     "postgres18": "postgresql://postgres@127.0.0.1:5432/postgres",
+    "mysql": "mysql://root@127.0.0.1:3306/test",
     "libsql": "http://127.0.0.1:8080",
     "nats": "nats://127.0.0.1:4222",
     "nats215": "nats://127.0.0.1:4222",
@@ -74,6 +75,7 @@ TIMEOUTS = {
     "redis+cluster": "socket_timeout=1&socket_connect_timeout=1",
     "redis+sentinel": "socket_timeout=1&socket_connect_timeout=1",
     "postgresql": "timeout=1",
+    "mysql": "timeout=1",
     "http": "timeout=1",
     "nats": "timeout=1&connect_timeout=1",
     "amqp": "timeout=1",
@@ -280,6 +282,9 @@ def test_status_on_the_real_server(
         missing = f"anarchon_missing_{secret.unique[:12]}"
         cases.append((secret_url(server, secret, dbname=missing), EXIT_UNREACHABLE))
         cases.append((secret_url(server, secret), accepted))  # trust auth: accepted
+    elif kind == "mysql":
+        # Root has no password: the secret in its place is refused ("Access denied").
+        cases.append((secret_url(server, secret), EXIT_UNREACHABLE))
     else:
         cases += [(secret_url(server, secret, token=t), accepted) for t in nats_forms(kind)]
     for url, expected in cases:
