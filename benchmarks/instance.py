@@ -8,6 +8,7 @@ output file.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import resource
 import signal
@@ -88,6 +89,9 @@ def main() -> None:
             cron.add_job(handler, name=f"job{n:05d}", every=args.every)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    # SIGUSR2 prints every thread's stack (the runner sends it to an instance that does
+    # not stop).
+    faulthandler.register(signal.SIGUSR2, all_threads=True)
     # SIGUSR1 marks the start of the measured window: CPU and calls count from then.
     mark: dict[str, Any] = {"cpu": time.process_time(), "wall": time.monotonic()}
     mark["counts"] = Counter[str]()

@@ -204,7 +204,12 @@ def _measure(
     for proc, _ in procs:
         proc.send_signal(signal.SIGTERM)
     for proc, _ in procs:
-        proc.wait(60)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGUSR2)  # its threads' stacks, to its standard error
+            time.sleep(1)
+            raise
     # The slots measured: due while every instance ran (after the window's start
     # and one interval, before its last second).
     first = math.ceil((began + every) / every) * every
