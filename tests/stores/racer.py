@@ -1,7 +1,10 @@
-"""A racing claimer for the atomicity test, run in its own process."""
+"""Racing claimers: one for the atomicity test, run in its own process, and threads
+claiming batches in any order (the SQL stores' row locks)."""
 
 from __future__ import annotations
 
+import random
+import threading
 from typing import Any
 
 from anarchon_core import RunState, open_store
@@ -33,3 +36,39 @@ def race(url: str, namespace: str, index: int, rounds: int, slot: int) -> list[i
     finally:
         store.close()
     return won
+
+
+def batches_in_any_order(stores: list[Any], slot: int, rounds: int = 10) -> None:
+    """``stores`` (of one namespace, one per instance) claim the same 40 jobs each round,
+    each batch in its own order, from threads that meet at a barrier: no call fails
+    (no deadlock), every job is won once per round, and every answer names that round.
+    """
+    from anarchon_core import ClaimRequest
+
+    jobs = [f"job{k:02}" for k in range(40)]
+    barrier = threading.Barrier(len(stores))
+    wins: list[list[str]] = [[] for _ in range(rounds)]
+    errors: list[BaseException] = []
+
+    def tick(i: int) -> None:
+        order = random.Random(i).sample(jobs, len(jobs))
+        try:
+            for r in range(rounds):
+                barrier.wait()
+                requests = [ClaimRequest(job, slot + r * 1000, 0) for job in order]
+                claims = stores[i].claim_many(requests, f"i{i}")
+                assert all(
+                    c.holder is not None and c.holder.slot_ms == slot + r * 1000 for c in claims
+                )
+                wins[r] += [req.job for req, c in zip(requests, claims, strict=True) if c.won]
+        except BaseException as exc:  # the test reads every error
+            errors.append(exc)
+            barrier.abort()
+
+    threads = [threading.Thread(target=tick, args=(i,)) for i in range(len(stores))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    assert [sorted(won) for won in wins] == [jobs] * rounds

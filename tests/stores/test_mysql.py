@@ -8,7 +8,6 @@ waits and lost connections told as outages and ridden out, and its options.
 
 from __future__ import annotations
 
-import random
 import shutil
 import subprocess
 import threading
@@ -35,6 +34,7 @@ from anarchon_core.names import table_prefix
 from anarchon_core.stores.mysql import SCHEMA_VERSION, MySQLStore
 from tests import servers
 from tests.cleanup import drop_namespace
+from tests.stores import racer
 
 SLOT = 1_700_000_000_000
 
@@ -143,35 +143,7 @@ def test_job_names_that_differ_by_trailing_spaces_or_case_are_distinct(make: Mak
 def test_batches_in_any_order_neither_deadlock_nor_double_win(make: Make) -> None:
     """Four instances claim the same 40 jobs each tick, each batch in its own order."""
     namespace = f"t{uuid.uuid4().hex[:12]}"
-    stores = [make(namespace) for _ in range(4)]
-    jobs = [f"job{k:02}" for k in range(40)]
-    rounds = 10
-    barrier = threading.Barrier(len(stores))
-    wins: list[list[str]] = [[] for _ in range(rounds)]
-    errors: list[BaseException] = []
-
-    def tick(i: int) -> None:
-        order = random.Random(i).sample(jobs, len(jobs))
-        try:
-            for r in range(rounds):
-                barrier.wait()
-                requests = [ClaimRequest(job, SLOT + r * 1000, 0) for job in order]
-                claims = stores[i].claim_many(requests, f"i{i}")
-                assert all(
-                    c.holder is not None and c.holder.slot_ms == SLOT + r * 1000 for c in claims
-                )
-                wins[r] += [req.job for req, c in zip(requests, claims, strict=True) if c.won]
-        except BaseException as exc:
-            errors.append(exc)
-            barrier.abort()
-
-    threads = [threading.Thread(target=tick, args=(i,)) for i in range(len(stores))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors
-    assert [sorted(won) for won in wins] == [jobs] * rounds
+    racer.batches_in_any_order([make(namespace) for _ in range(4)], SLOT)
 
 
 def locked(url: str, store: MySQLStore, job: str) -> pymysql.connections.Connection:

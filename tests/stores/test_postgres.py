@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 import shutil
 import signal
 import threading
@@ -14,10 +13,11 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from anarchon_core import Claim, ClaimRequest, ClaimStatus, RunState, StoreUnavailable, open_store
+from anarchon_core import Claim, ClaimStatus, RunState, StoreUnavailable, open_store
 from anarchon_core.errors import ConfigurationError
 from anarchon_core.stores.postgres import PostgresStore, table_prefix
 from tests import servers
+from tests.stores import racer
 
 SLOT = 1_700_000_000_000
 NEXT = SLOT + 10_000
@@ -118,35 +118,7 @@ def test_odd_namespaces_map_to_valid_distinct_tables(make: Make, url: str) -> No
 def test_batches_in_any_order_neither_deadlock_nor_double_win(make: Make) -> None:
     """Four instances claim the same 40 jobs each tick, each batch in its own order."""
     namespace = f"t{uuid.uuid4().hex[:12]}"
-    stores = [make(namespace) for _ in range(4)]
-    jobs = [f"job{k:02}" for k in range(40)]
-    rounds = 10
-    barrier = threading.Barrier(len(stores))
-    wins: list[list[str]] = [[] for _ in range(rounds)]
-    errors: list[BaseException] = []
-
-    def tick(i: int) -> None:
-        order = random.Random(i).sample(jobs, len(jobs))
-        try:
-            for r in range(rounds):
-                barrier.wait()
-                requests = [ClaimRequest(job, SLOT + r * 1000, 0) for job in order]
-                claims = stores[i].claim_many(requests, f"i{i}")
-                assert all(
-                    c.holder is not None and c.holder.slot_ms == SLOT + r * 1000 for c in claims
-                )
-                wins[r] += [req.job for req, c in zip(requests, claims, strict=True) if c.won]
-        except BaseException as exc:
-            errors.append(exc)
-            barrier.abort()
-
-    threads = [threading.Thread(target=tick, args=(i,)) for i in range(len(stores))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors
-    assert [sorted(won) for won in wins] == [jobs] * rounds
+    racer.batches_in_any_order([make(namespace) for _ in range(4)], SLOT)
 
 
 def test_lease_expiry_follows_clock_timestamp_not_the_transaction_start(
