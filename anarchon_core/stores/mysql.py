@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import select
 import ssl
 import threading
 import time
@@ -84,6 +83,7 @@ from ..store import (
     one_by_one,
 )
 from ..urls import redact, scrub, url_options
+from ._sockets import input_waiting
 
 A = TypeVar("A")
 
@@ -191,6 +191,13 @@ _COMMENT_OF = """SELECT TABLE_COMMENT FROM information_schema.TABLES
     WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s"""
 
 
+class _Later(dict[str, str]):
+    """Names given now to ``str.format_map``; any other field is kept for a later format."""
+
+    def __missing__(self, key: str) -> str:
+        return "{" + key + "}"
+
+
 def _marks(count: int) -> str:
     return ", ".join(["%s"] * count)
 
@@ -202,14 +209,8 @@ def _text(value: Any) -> str:
 
 def _dropped(conn: pymysql.connections.Connection) -> bool:
     """Whether an idle pooled connection is closed or was dropped by the server."""
-    sock = getattr(conn, "_sock", None)
-    if not conn.open or sock is None:
-        return True
-    if not hasattr(select, "poll"):  # pragma: no cover - Windows
-        return bool(select.select([sock], [], [], 0)[0])
-    poller = select.poll()
-    poller.register(sock.fileno(), select.POLLIN)
-    return bool(poller.poll(0))
+    sock = getattr(conn, "_sock", None)  # the driver has no public fileno()
+    return not conn.open or sock is None or input_waiting(sock.fileno())
 
 
 class _Pool:
@@ -368,18 +369,8 @@ class MySQLStore(LeaseStore, RegistryStore, ControlStore):
         self._schema = [
             s.format(name=_NAME, comment=f"'{comment}'", **self._tables) for s in _SCHEMA
         ]
-        self._sql = {
-            k: v.replace("{marks}", "\0marks\0")
-            .replace("{rows}", "\0rows\0")
-            .replace("{pairs}", "\0pairs\0")
-            .replace("{starts}", "\0starts\0")
-            .format(**self._tables)
-            .replace("\0marks\0", "{marks}")
-            .replace("\0rows\0", "{rows}")
-            .replace("\0pairs\0", "{pairs}")
-            .replace("\0starts\0", "{starts}")
-            for k, v in _STATEMENTS.items()
-        }
+        # The tables' names now; the lists of a call's values ({marks}, {rows}...) per call.
+        self._sql = {k: v.format_map(_Later(self._tables)) for k, v in _STATEMENTS.items()}
         self._ready = False
         self._ready_lock = threading.Lock()
         #: How long the next call waits for a pooled connection.
@@ -600,7 +591,7 @@ class MySQLStore(LeaseStore, RegistryStore, ControlStore):
                 for r in started
                 for v in (r.job, r.token, r.slot_ms, r.attempt, r.owner, r.state.value, now)
             ]
-            writes.append((self._sql["run_start"].format(rows=rows), list(values)))
+            writes.append((self._sql["run_start"].format(rows=rows), values))
             trim = [v for r in started if r.token > HISTORY for v in (r.job, r.token - HISTORY)]
             if trim:
                 marks = ", ".join(["(%s, %s)"] * (len(trim) // 2))

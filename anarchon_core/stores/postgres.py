@@ -60,7 +60,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import select
 import threading
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
@@ -97,6 +96,7 @@ from ..store import (
     one_by_one,
 )
 from ..urls import redact, scrub, secrets_in
+from ._sockets import input_waiting
 
 #: Seconds a call waits for a connection once the server was seen away.
 _DOWN_WAIT = 1.0
@@ -276,13 +276,7 @@ _STATEMENTS = {
 
 def _dropped(conn: psycopg.Connection[Any]) -> bool:
     """Whether the server dropped an idle pooled connection: it has input waiting."""
-    if conn.closed:
-        return True
-    if not hasattr(select, "poll"):  # pragma: no cover - Windows
-        return bool(select.select([conn.fileno()], [], [], 0)[0])
-    poller = select.poll()
-    poller.register(conn.fileno(), select.POLLIN)
-    return bool(poller.poll(0))
+    return bool(conn.closed) or input_waiting(conn.fileno())
 
 
 #: The URL options this store reads itself; the others go to libpq.
