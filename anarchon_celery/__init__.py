@@ -8,3 +8,13 @@ by one instance only. See ``docs/celery.md``.
 from .scheduler import Scheduler
 
 __all__ = ["Scheduler"]
+
+
+def __getattr__(name: str) -> object:
+    # DatabaseScheduler imports Django: only when asked for
+    # (beat_scheduler = "anarchon_celery:DatabaseScheduler").
+    if name == "DatabaseScheduler":
+        from .django import DatabaseScheduler
+
+        return DatabaseScheduler
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any
 
 from celery import Celery
@@ -37,6 +38,7 @@ def entry_fields(entry: ScheduleEntry) -> tuple[Any, ...]:
         dict(kwargs) if isinstance(kwargs, Mapping) else kwargs,
         dict(options) if isinstance(options, Mapping) else options,
         entry.schedule,
+        getattr(entry, "anarchon_row", None),
     )
 
 
@@ -57,17 +59,32 @@ def check_entry(
     Without ``settings`` (beat not set up yet), only the entry's own fields
     are checked: the settings are checked with it at setup.
     """
-    spec = read_schedule_entry(entry, timezone_of(app), where)
+    row = getattr(entry, "anarchon_row", None)
+    spec = row.spec() if row is not None else read_schedule_entry(entry, timezone_of(app), where)
     if settings is None:
         return spec
     try:
         options = settings.defaults.merged(**spec.overrides)
-        schedule = make_schedule(every=spec.every, cron=spec.cron, timezone=spec.timezone)
+        schedule = make_schedule(
+            every=spec.every,
+            cron=spec.cron,
+            timezone=spec.timezone,
+            anchor=None
+            if spec.anchor is None
+            else datetime.fromtimestamp(spec.anchor, timezone.utc),
+        )
         Job.check(spec.name, schedule, options)
         check_pickup(settings.pickup, options.lease, name="anarchon_pickup")
     except ConfigurationError as exc:
         raise ConfigurationError(f"{where}: {exc}") from None
     return spec
+
+
+def where_of(name: str, entry: Any) -> str:
+    """How messages name an entry: its row of a database schedule, or its beat_schedule key."""
+    if getattr(entry, "anarchon_row", None) is not None:
+        return f"PeriodicTask {name!r}"
+    return f"beat_schedule[{name!r}]"
 
 
 #: Makes the handler of an entry's job: it sends the entry's task for each run.
@@ -90,7 +107,8 @@ class EntryJobs:
     def apply(self, schedule: Mapping[str, Any], strict: bool = False) -> None:
         """Make the engine's jobs those of ``schedule``: add, replace and remove.
 
-        ``strict``: raise on an invalid entry; otherwise it is logged (once) and
+        ``strict``: raise on an invalid entry of the configuration; otherwise,
+        and always for a row of a database schedule, it is logged (once) and
         left unscheduled.
         """
         current = dict(schedule)
@@ -111,7 +129,7 @@ class EntryJobs:
             try:
                 new = self._schedule(name, entry, seen, job)
             except ConfigurationError as exc:
-                if strict:
+                if strict and getattr(entry, "anarchon_row", None) is None:
                     raise
                 self._refused[name] = seen
                 if name in self.jobs:
@@ -129,7 +147,7 @@ class EntryJobs:
         self, name: str, entry: Any, seen: tuple[Any, ...], job: ScheduledEntry | None
     ) -> ScheduledEntry | None:
         """The new job of ``entry`` (replacing ``job``), or None if ``job`` still fits it."""
-        where = f"beat_schedule[{name!r}]"
+        where = where_of(name, entry)
         if not isinstance(entry, ScheduleEntry):
             got = type(entry).__name__
             raise ConfigurationError(f"{where}: expected a ScheduleEntry, not {got}")
@@ -147,6 +165,9 @@ class EntryJobs:
                 every=spec.every,
                 cron=spec.cron,
                 timezone=spec.timezone,
+                anchor=None
+                if spec.anchor is None
+                else datetime.fromtimestamp(spec.anchor, timezone.utc),
                 **spec.overrides,
             )
         except ConfigurationError as exc:

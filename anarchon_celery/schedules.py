@@ -67,6 +67,8 @@ class Entry:
     kwargs: dict[str, Any] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
     overrides: dict[str, Any] = field(default_factory=dict)
+    #: Unix seconds of an ``every`` grid's anchor (None: the Unix epoch).
+    anchor: float | None = None
 
 
 def read_entry(name: str, raw: Mapping[str, Any], app_timezone: str, where: str = "") -> Entry:
@@ -155,7 +157,8 @@ def _refuse_overrides(where: str, value: BaseSchedule, base: type) -> None:
         )
 
 
-def _cron(where: str, value: crontab) -> str:
+def cron_of(where: str, value: crontab) -> str:
+    """``value`` as a cron expression, or a ConfigurationError naming ``where``."""
     fields = []
     for attr, full in _CRON_RANGES:
         expanded = getattr(value, attr)
@@ -217,7 +220,7 @@ def _schedule(
                 f"{where}: crontab(nowfun=...) is not supported: slots are computed from the"
                 " clock in app.conf.timezone; set the time zone there, or write the times in it"
             )
-        return None, _cron(where, value), _timezone(where, value, app_timezone)
+        return None, cron_of(where, value), _timezone(where, value, app_timezone)
     if isinstance(value, schedule):
         _refuse_overrides(where, value, schedule)
         if value.relative:

@@ -3,7 +3,8 @@
 All are optional but the store, which defaults to the broker itself when the
 broker is Redis/Valkey or RabbitMQ:
 
-``anarchon_store``      store URL (``redis://``, ``postgresql://``, ``mysql://``, ...)
+``anarchon_store``      store URL (``redis://``, ``postgresql://``, ``mysql://``, ...), or
+                        ``django`` (``django:ALIAS``): Django's database (see django.py)
 ``anarchon_namespace``  default: the app's name (``app.main``), else ``celery``
 ``anarchon_lease``      seconds a claim holds without renewal (default 10)
 ``anarchon_jitter``     bound of the random delay before claiming (default 0)
@@ -15,6 +16,8 @@ broker is Redis/Valkey or RabbitMQ:
                         beat on this port (default: none served; 0: any free
                         port, logged)
 ``anarchon_metrics_host``  the address they are served on (default 0.0.0.0)
+``anarchon_django_poll``  with ``DatabaseScheduler``: how often each beat reads
+                        django-celery-beat's change marker (default 2 s)
 
 Beat settings that could not take effect with anarchon are refused rather
 than ignored: a loop interval longer than the engine's longest sleep, and
@@ -23,8 +26,10 @@ than ignored: a loop interval longer than the engine's longest sleep, and
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 from celery import Celery
 
@@ -59,6 +64,8 @@ def store_url(app: Celery) -> str:
                 "anarchon_store=memory:// is private to one process: beats and workers would"
                 " share no slot; use a shared store (a sqlite:/// file in tests)"
             )
+        if str(configured).lower() == "django" or str(configured).lower().startswith("django:"):
+            return django_store_url(str(configured).partition(":")[2] or "default")
         return str(configured)
     broker = app.conf.broker_url or "amqp://guest:guest@localhost:5672//"
     if isinstance(broker, (list, tuple)):
@@ -71,6 +78,55 @@ def store_url(app: Celery) -> str:
         f"anarchon_store is not set and the broker ({redact(broker)}) cannot serve as the"
         " store: set anarchon_store to a store URL (redis://, postgresql://, nats://, ...)"
     )
+
+
+#: Django's database engines, and the store URL scheme of each.
+DJANGO_ENGINES = {
+    "django.db.backends.postgresql": "postgresql",
+    "django.db.backends.postgresql_psycopg2": "postgresql",
+    "django.db.backends.mysql": "mysql",
+}
+
+
+def django_store_url(alias: str, databases: Mapping[str, Any] | None = None) -> str:
+    """The store URL of Django's database ``alias`` (``anarchon_store = "django"``).
+
+    anarchon's tables are then made in the project's own database (PostgreSQL,
+    MySQL or MariaDB) at first use, beside django-celery-beat's. The
+    database's ``OPTIONS`` are not carried over: for TLS or other connection
+    options, set ``anarchon_store`` to the database's URL with them.
+    """
+    if databases is None:
+        try:
+            from django.conf import settings
+        except ImportError:
+            raise ConfigurationError(
+                'anarchon_store = "django" needs Django (pip install "anarchon[django]")'
+            ) from None
+        databases = getattr(settings, "DATABASES", {}) or {}
+    if alias not in databases:
+        raise ConfigurationError(
+            f"anarchon_store = {('django:' + alias)!r}: Django has no database {alias!r}"
+            f" (DATABASES has {', '.join(map(repr, databases)) or 'none'})"
+        )
+    database = databases[alias]
+    engine = str(database.get("ENGINE", ""))
+    scheme = DJANGO_ENGINES.get(engine)
+    if scheme is None:
+        raise ConfigurationError(
+            f"anarchon_store = {('django:' + alias)!r}: Django's database {alias!r} uses"
+            f" {engine or 'no ENGINE'}; anarchon can share a PostgreSQL, MySQL or MariaDB"
+            " database only: set anarchon_store to a store URL instead"
+        )
+    user = quote(str(database.get("USER") or ""), safe="")
+    password = quote(str(database.get("PASSWORD") or ""), safe="")
+    credentials = f"{user}:{password}@" if password else (f"{user}@" if user else "")
+    host = str(database.get("HOST") or "localhost")
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"  # an IPv6 address
+    port = str(database.get("PORT") or "")
+    name = quote(str(database.get("NAME") or ""), safe="")
+    return f"{scheme}://{credentials}{host}{':' + port if port else ''}/{name}"
 
 
 def namespace_of(app: Celery) -> str:

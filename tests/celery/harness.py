@@ -16,6 +16,10 @@ class CeleryFleet(Fleet):
     """Worker and beat processes of one test, each in its own process group (a pod)."""
 
     prefix = "c"
+    #: The Celery app module the processes run (``-A``).
+    app = "tests.celery.e2e_app"
+    #: The scheduler of anarchon's beats.
+    scheduler = "anarchon_celery:Scheduler"
 
     expected_exits = None  # workers stop in many ways: the tests check their exits
 
@@ -41,7 +45,7 @@ class CeleryFleet(Fleet):
         **extra: str,
     ) -> None:
         # Node names unique across tests that share the broker: "<pod>.<namespace>@host".
-        argv = [CELERY, "-A", "tests.celery.e2e_app", "worker", "-n", f"{name}.{self.namespace}@%h"]
+        argv = [CELERY, "-A", self.app, "worker", "-n", f"{name}.{self.namespace}@%h"]
         argv += [
             "-c",
             str(concurrency),
@@ -53,7 +57,7 @@ class CeleryFleet(Fleet):
         if queue is not None:
             argv += ["-Q", queue]  # consumes that queue instead of the test's own
         if beat:
-            argv += ["-B", "--scheduler", "anarchon_celery:Scheduler"]
+            argv += ["-B", "--scheduler", self.scheduler]
             argv += ["-s", str(self.tmp_path / f"{name}-beat-schedule")]
         self.spawn(name, argv)
 
@@ -67,8 +71,8 @@ class CeleryFleet(Fleet):
         self.spawn(name, [sys.executable, "-c", code])
 
     def beat(self, name: str) -> None:
-        argv = [CELERY, "-A", "tests.celery.e2e_app", "beat", "--scheduler"]
-        argv += ["anarchon_celery:Scheduler", "--loglevel", "INFO"]
+        argv = [CELERY, "-A", self.app, "beat", "--scheduler"]
+        argv += [self.scheduler, "--loglevel", "INFO"]
         argv += ["-s", str(self.tmp_path / f"{name}-beat-schedule")]
         self.spawn(name, argv)
 
@@ -78,7 +82,7 @@ class CeleryFleet(Fleet):
 
     def stock_beat(self, name: str) -> None:
         """Celery's own beat (a pod not yet migrated): it sends every entry on its own."""
-        argv = [CELERY, "-A", "tests.celery.e2e_app", "beat", "--scheduler"]
+        argv = [CELERY, "-A", self.app, "beat", "--scheduler"]
         argv += ["celery.beat:PersistentScheduler", "--loglevel", "INFO"]
         argv += ["-s", str(self.tmp_path / f"{name}-stock-schedule")]
         self.spawn(name, argv)

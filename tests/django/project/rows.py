@@ -1,0 +1,111 @@
+"""What the tests do to the project's tables, as the admin or the project's code does it.
+
+``python -m tests.django.project.rows COMMAND JSON``, in the project's
+environment (``DJ_DATABASE``): ``migrate``; ``create`` (a list of rows:
+name, task, and one of every (seconds), cron ("m h dom mon dow" with
+timezone), clocked (Unix seconds), solar (event), plus any PeriodicTask
+column); ``every`` (name, seconds: the row's interval changed, as the
+admin's change form saves it); ``disable``, ``delete`` (a name);
+``dump`` (every row's enabled, total_run_count and last_run_at as JSON).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import datetime, timezone
+from typing import Any
+
+import django
+
+django.setup()
+
+from django.core.management import call_command  # noqa: E402
+from django_celery_beat.models import (  # noqa: E402
+    ClockedSchedule,
+    CrontabSchedule,
+    IntervalSchedule,
+    PeriodicTask,
+    SolarSchedule,
+)
+
+
+def _interval(seconds: int) -> IntervalSchedule:
+    interval, _ = IntervalSchedule.objects.get_or_create(every=seconds, period="seconds")
+    return interval
+
+
+def create(rows: list[dict[str, Any]]) -> None:
+    for spec in rows:
+        spec = dict(spec)
+        fields: dict[str, Any] = {"name": spec.pop("name"), "task": spec.pop("task", "dj.work")}
+        if "every" in spec:
+            fields["interval"] = _interval(spec.pop("every"))
+        if "cron" in spec:
+            minute, hour, dom, month, dow = spec.pop("cron").split()
+            fields["crontab"], _ = CrontabSchedule.objects.get_or_create(
+                minute=minute,
+                hour=hour,
+                day_of_month=dom,
+                month_of_year=month,
+                day_of_week=dow,
+                timezone=spec.pop("timezone", "UTC"),
+            )
+        if "clocked" in spec:
+            at = datetime.fromtimestamp(spec.pop("clocked"), timezone.utc)
+            fields["clocked"] = ClockedSchedule.objects.create(clocked_time=at)
+            fields["one_off"] = True
+        if "solar" in spec:
+            fields["solar"], _ = SolarSchedule.objects.get_or_create(
+                event=spec.pop("solar"), latitude=48.85, longitude=2.35
+            )
+        for key in ("args", "kwargs", "headers"):
+            if key in spec:
+                spec[key] = json.dumps(spec[key])
+        for key in ("start_time", "expires"):
+            if key in spec:
+                spec[key] = datetime.fromtimestamp(spec[key], timezone.utc)
+        PeriodicTask.objects.create(**fields, **spec)
+
+
+def every(name: str, seconds: int) -> None:
+    """The admin's change form: the row saved with its new interval (the marker moves)."""
+    task = PeriodicTask.objects.get(name=name)
+    task.interval = _interval(seconds)
+    task.save(update_fields=["interval"])
+
+
+def disable(name: str) -> None:
+    task = PeriodicTask.objects.get(name=name)
+    task.enabled = False
+    task.save(update_fields=["enabled", "last_run_at"])
+
+
+def delete(name: str) -> None:
+    PeriodicTask.objects.get(name=name).delete()
+
+
+def dump() -> None:
+    rows = {
+        task.name: {
+            "enabled": task.enabled,
+            "total_run_count": task.total_run_count,
+            "last_run_at": task.last_run_at.timestamp() if task.last_run_at else None,
+        }
+        for task in PeriodicTask.objects.all()
+    }
+    print(json.dumps(rows))
+
+
+def main(argv: list[str]) -> None:
+    command, args = argv[0], [json.loads(a) for a in argv[1:]]
+    if command == "migrate":
+        call_command("migrate", verbosity=0, interactive=False)
+    else:
+        {"create": create, "every": every, "disable": disable, "delete": delete, "dump": dump}[
+            command
+        ](*args)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,218 @@
+"""django-celery-beat's rows sent by ``anarchon_celery:DatabaseScheduler`` in three real beats.
+
+A real Django project (tests/django/project: settings, migrations applied,
+the admin) on PostgreSQL (claims in the Redis broker) and on MariaDB (claims
+in the project's own database, ``anarchon_store = "django"``); real
+``celery beat`` and ``celery worker`` processes; rows edited as the admin
+saves them while the beats run; the sending beat SIGKILLed, then another
+SIGTERMed; every beat stopped across a clocked row's time.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cleanup import drop_namespace
+from tests.django.harness import DjangoFleet, Project
+from tests.fleet import Line, fleets, per_slot, slot_seconds
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.scenario
+
+#: How often the beats read the change marker (the project's anarchon_django_poll).
+POLL = 1.0
+#: An edit is followed by every beat within a poll, plus a margin for a loaded machine.
+FOLLOWED = POLL + 1.5
+#: When, after the rows are made, 'expiring' expires, 'clocked' runs and 'later' starts.
+EXPIRING, CLOCKED, LATER = 15, 20, 25
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> Iterator[Callable[..., DjangoFleet]]:
+    yield from fleets(DjangoFleet, tmp_path)
+
+
+@pytest.fixture(params=["postgres", "mysql"])
+def project(request: pytest.FixtureRequest) -> Iterator[tuple[Project, str]]:
+    """The project on a new database, and the claim store: the broker (with PostgreSQL),
+    the project's database (with MariaDB)."""
+    server = request.getfixturevalue(f"{request.param}_url")
+    made = Project(server)
+    try:
+        yield made, "" if request.param == "postgres" else "django"
+    finally:
+        made.drop()
+
+
+def seconds_of(starts: list[Line]) -> list[int]:
+    return sorted(int(slot_seconds(x["slot_id"])) for x in starts)
+
+
+def on_grid(every: int, start: float, end: float) -> list[int]:
+    """The slots of an ``every``-second grid (anchored at the epoch) between two times."""
+    return [s for s in range(math.ceil(start), math.floor(end) + 1) if s % every == 0]
+
+
+def sender(fleet: DjangoFleet, start: Line) -> str:
+    return fleet.pod_of(start["sent_by"])
+
+
+def test_rows_are_sent_once_by_three_beats_through_edits_kills_and_restarts(
+    fleet: Callable[..., DjangoFleet], project: tuple[Project, str], redis_url: str
+) -> None:
+    rows, store = project
+    t0 = round(time.time())
+    pods = fleet(redis_url, rows, store=store, lease=3)
+    namespace = pods.namespace
+    rows.rows(
+        "create",
+        [
+            {
+                "name": "every2",
+                "every": 2,
+                "args": ["every2"],
+                "kwargs": {"k": 1},
+                "queue": namespace,
+                "priority": 5,
+                "headers": {"x-custom": "yes"},
+                "expire_seconds": 60,
+            },
+            {"name": "minute", "cron": "* * * * *", "timezone": "Asia/Kolkata", "args": ["minute"]},
+            {"name": "once", "every": 3, "one_off": True, "args": ["once"]},
+            {"name": "off", "every": 2, "args": ["off"]},
+            {"name": "gone", "every": 2, "args": ["gone"]},
+            {"name": "sun", "solar": "sunset", "args": ["sun"]},
+            {"name": "later", "every": 2, "start_time": t0 + LATER, "args": ["later"]},
+            {"name": "expiring", "every": 2, "expires": t0 + EXPIRING, "args": ["expiring"]},
+            {"name": "clocked", "clocked": t0 + CLOCKED, "args": ["clocked"]},
+        ],
+    )
+    pods.worker("w", beat=False, concurrency=2)
+    for name in ("b1", "b2", "b3"):
+        pods.beat(name)
+    try:
+        _scenario(pods, rows, t0)
+    finally:
+        pods.stop_all()
+        if not store:
+            drop_namespace(redis_url, namespace)
+
+
+def _scenario(pods: DjangoFleet, rows: Project, t0: int) -> None:
+    def starts(job: str) -> list[Line]:
+        return pods.starts(job)
+
+    def wait(what: str, check: Callable[[], Any], timeout: float = 30) -> Any:
+        return wait_until(check, timeout, what, seen=pods.tail)
+
+    wait("tracking in every beat", lambda: pods.tracking("b1", "b2", "b3"), 60)
+    wait("three runs of every2", lambda: len(starts("every2")) >= 3)
+
+    # Edits, as the admin saves them: a new interval, a row disabled, one deleted, one added.
+    edited = time.time()
+    rows.rows("every", "every2", 3)
+    rows.rows("disable", "off")
+    rows.rows("delete", "gone")
+    rows.rows("create", [{"name": "added", "every": 2, "args": ["added"]}])
+    wait("a run of the added row", lambda: starts("added"))
+    wait(
+        "every2 on its new grid",
+        lambda: [s for s in seconds_of(starts("every2")) if s > edited + FOLLOWED],
+    )
+
+    # The beat that sent the last slot, SIGKILLed just after it sent; then another, SIGTERMed.
+    last = starts("every2")[-1]
+    killed = sender(pods, last)
+    pods.kill(killed)
+    pods.beat("b4")
+    wait("every2 sent by another beat", lambda: starts("every2")[-1]["slot_id"] != last["slot_id"])
+    last = starts("every2")[-1]
+    stopped = sender(pods, last)
+    pods.signal(stopped, signal.SIGTERM)
+    wait("every2 sent again", lambda: starts("every2")[-1]["slot_id"] != last["slot_id"], 15)
+    pods.beat("b5")
+
+    # The rows with times of their own come, and a crontab minute passes.
+    wait(
+        "the clocked row, the start of 'later', a crontab minute",
+        lambda: starts("clocked") and starts("later") and starts("minute"),
+        70,
+    )
+    wait("every2 after 'expiring' expired", lambda: time.time() > t0 + EXPIRING + 2, 20)
+
+    # Every beat down across a clocked row's time: the first beats up send it, once.
+    clocked_at = round(time.time()) + 6
+    rows.rows("create", [{"name": "clocked2", "clocked": clocked_at, "args": ["clocked2"]}])
+    checked_until = time.time()
+    for name in [n for n in pods.procs if n.startswith("b")]:
+        pods.stop(name)
+    wait("the clocked row's time, with every beat down", lambda: time.time() > clocked_at + 2, 15)
+    pods.beat("b6")
+    pods.beat("b7")
+    caught = wait("clocked2, caught up", lambda: starts("clocked2"), 30)
+    for name in ("b6", "b7"):
+        pods.stop(name)
+
+    lines = pods.lines()
+    every_start = [x for x in lines if x["kind"] == "start"]
+    twice = {s: n for s, n in per_slot(every_start).items() if n > 1}
+    assert twice == {}, f"slots sent twice: {twice}"
+
+    # every2: each slot of the 2-second grid until the edit, then of the 3-second grid.
+    every2 = seconds_of(starts("every2"))
+    first = every2[0]
+    before = [s for s in every2 if s < edited]
+    assert before == on_grid(2, first, edited - 0.001), "a 2-second slot missed"
+    after = [s for s in every2 if edited + FOLLOWED < s <= checked_until - 1]
+    assert after == on_grid(3, edited + FOLLOWED, checked_until - 1), (
+        f"a 3-second slot missed or a 2-second one sent after the edit: {after}"
+    )
+    sent = starts("every2")[0]
+    assert sent["periodic_task_name"] == "every2"
+    assert (sent["priority"], sent["custom"], sent["queue"]) == (5, "yes", pods.namespace)
+    assert sent["kwargs"] == {"k": 1}
+    assert sent["expires"].startswith(
+        time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(slot_seconds(sent["slot_id"]) + 60))
+    )
+
+    # Disabled and deleted rows stop within a poll; the added one runs.
+    for name in ("off", "gone"):
+        assert [s for s in seconds_of(starts(name)) if s > edited + FOLLOWED] == [], name
+    assert [s for s in seconds_of(starts("later")) if s < t0 + LATER] == []
+    assert seconds_of(starts("expiring")) and max(seconds_of(starts("expiring"))) < t0 + EXPIRING
+    assert seconds_of(starts("minute"))[0] % 60 == 0
+    assert starts("sun") == []
+    for name in ("b1", "b2", "b3"):
+        assert "PeriodicTask 'sun': solar schedule" in pods.log(name)
+
+    # One-offs: once each, and disabled in the table.
+    assert len(starts("once")) == 1
+    # Sent at its time, or a little later when the beat that should have sent it was killed.
+    [clocked] = seconds_of(starts("clocked"))
+    assert t0 + CLOCKED <= clocked <= t0 + CLOCKED + 3
+    assert len(caught) == 1 and int(slot_seconds(caught[0]["slot_id"])) >= clocked_at
+
+    # last_run_at and total_run_count: written once per slot, by the beat that sent it.
+    def counts_match() -> dict[str, tuple[int, int]]:
+        table = rows.dump()
+        wrong = {}
+        for name in ("every2", "minute", "once", "clocked", "clocked2", "added", "later"):
+            started = len(set(seconds_of(starts(name))))
+            if table[name]["total_run_count"] != started:
+                wrong[name] = (table[name]["total_run_count"], started)
+        return wrong
+
+    wait_until(
+        lambda: not counts_match(), 15, "total_run_count equal to the slots sent", seen=counts_match
+    )
+    table = rows.dump()
+    for name in ("once", "clocked", "clocked2"):
+        assert table[name]["enabled"] is False, name
+    assert table["every2"]["last_run_at"] == max(every2)
