@@ -6,7 +6,9 @@ name, task, and one of every (seconds), cron ("m h dom mon dow" with
 timezone), clocked (Unix seconds), solar (event), plus any PeriodicTask
 column); ``every`` (name, seconds: the row's interval changed, as the
 admin's change form saves it); ``disable``, ``delete`` (a name);
-``dump`` (every row's enabled, total_run_count and last_run_at as JSON).
+``dump`` (every row's enabled, total_run_count and last_run_at as JSON);
+``tables`` (the database's table names); ``do`` (a list of such commands,
+each ``[command, args...]``, in one process).
 """
 
 from __future__ import annotations
@@ -97,14 +99,33 @@ def dump() -> None:
     print(json.dumps(rows))
 
 
+def tables() -> None:
+    """The names of the database's tables."""
+    from django.db import connection
+
+    print(json.dumps(sorted(connection.introspection.table_names())))
+
+
+COMMANDS = {
+    "create": create,
+    "every": every,
+    "disable": disable,
+    "delete": delete,
+    "dump": dump,
+    "tables": tables,
+}
+
+
 def main(argv: list[str]) -> None:
+    """``migrate``, one command with its JSON arguments, or ``do`` a list of commands."""
     command, args = argv[0], [json.loads(a) for a in argv[1:]]
     if command == "migrate":
         call_command("migrate", verbosity=0, interactive=False)
+    elif command == "do":
+        for name, *values in args[0]:
+            COMMANDS[name](*values)
     else:
-        {"create": create, "every": every, "disable": disable, "delete": delete, "dump": dump}[
-            command
-        ](*args)
+        COMMANDS[command](*args)
 
 
 if __name__ == "__main__":
