@@ -25,6 +25,7 @@ one beat (see :mod:`anarchon_celery.rows` for how a row is read).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Mapping
@@ -41,7 +42,7 @@ from anarchon_core.jobs import MAX_DEFAULT_CATCH_UP
 
 from .entries import ScheduledEntry
 from .rows import Refused, Row, RowSchedule, expiry, read_row, skipped
-from .scheduler import Scheduler
+from .scheduler import Scheduler, embedded
 
 log = logging.getLogger(__name__)
 
@@ -101,11 +102,35 @@ def _setup_django() -> None:
         django.setup()
 
 
+def _forget_inherited_connections() -> None:
+    """Drop the database connections a forked process inherited, without a word to the server.
+
+    ``celery worker -B`` forks beat from the worker: a connection the worker
+    had opened would be one socket shared by two processes. Closing it
+    properly would end the worker's session too, so only this process's
+    descriptor is closed, and Django connects afresh on the next query (as
+    Celery's own Django fix-up does for the worker's pool processes).
+    """
+    import os
+
+    from django.db import connections
+
+    for connection in connections.all(initialized_only=True):
+        raw = getattr(connection, "connection", None)
+        if raw is None:
+            continue
+        with contextlib.suppress(AttributeError, OSError, TypeError, ValueError):
+            os.close(raw.fileno())
+        connection.connection = None
+
+
 class Tables:
     """django-celery-beat's tables, as this beat reads and writes them."""
 
-    def __init__(self) -> None:
+    def __init__(self, forked: bool = False) -> None:
         _setup_django()
+        if forked:
+            _forget_inherited_connections()
         from django.conf import settings
         from django_celery_beat.models import PeriodicTask, PeriodicTasks
 
@@ -240,7 +265,7 @@ class DatabaseScheduler(Scheduler):
         self._poll = parse_duration("anarchon_django_poll", poll)
         if self._poll <= 0:
             raise ConfigurationError(f"anarchon_django_poll={poll!r}: must be positive")
-        self._tables = Tables()
+        self._tables = Tables(forked=embedded())
         self._rows, self._marker, self._polled, self._due_again = {}, None, float("-inf"), None
         self._read_rows(time.monotonic(), strict=True)
         super()._setup()

@@ -55,6 +55,11 @@ def _on_embedded(**_: Any) -> None:
     _embedded = True
 
 
+def embedded() -> bool:
+    """Whether this beat was started by a worker (``celery worker -B``), in a process of its own."""
+    return _embedded
+
+
 def _sent_cause(exc: BaseException) -> BaseException:
     """What failed in a send: beat wraps the send's error in SchedulingError."""
     inner: BaseException | None = None

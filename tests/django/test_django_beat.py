@@ -4,8 +4,9 @@ A real Django project (tests/django/project: settings, migrations applied,
 the admin) on PostgreSQL (claims in the Redis broker) and on MariaDB (claims
 in the project's own database, ``anarchon_store = "django"``); real
 ``celery beat`` and ``celery worker`` processes; rows edited as the admin
-saves them while the beats run; the sending beat SIGKILLed, then another
-SIGTERMed; every beat stopped across a clocked row's time.
+saves them while the beats run; a beat that just sent SIGKILLed, then
+another SIGTERMed; every beat stopped across a clocked row's time. One of
+the three beats runs in the worker's pod (``celery worker -B``).
 """
 
 from __future__ import annotations
@@ -61,8 +62,16 @@ def on_grid(every: int, start: float, end: float) -> list[int]:
     return [s for s in range(math.ceil(start), math.floor(end) + 1) if s % every == 0]
 
 
-def sender(fleet: DjangoFleet, start: Line) -> str:
-    return fleet.pod_of(start["sent_by"])
+def sent_by_a_beat(fleet: DjangoFleet, starts: list[Line]) -> tuple[Line, str] | None:
+    """The last run sent by a running ``celery beat`` pod (not the worker's own beat), and it."""
+    for start in reversed(starts):
+        try:
+            pod = fleet.pod_of(start["sent_by"])
+        except (ProcessLookupError, StopIteration):
+            continue  # sent by a beat since stopped
+        if pod.startswith("b"):
+            return start, pod
+    return None
 
 
 def test_rows_are_sent_once_by_three_beats_through_edits_kills_and_restarts(
@@ -95,8 +104,9 @@ def test_rows_are_sent_once_by_three_beats_through_edits_kills_and_restarts(
             {"name": "clocked", "clocked": t0 + CLOCKED, "args": ["clocked"]},
         ],
     )
-    pods.worker("w", beat=False, concurrency=1)
-    for name in ("b1", "b2", "b3"):
+    # Three beats: one in the worker's pod (celery worker -B), two on their own (celery beat).
+    pods.worker("w", beat=True, concurrency=1)
+    for name in ("b2", "b3"):
         pods.beat(name)
     try:
         _scenario(pods, rows, t0, store)
@@ -113,7 +123,7 @@ def _scenario(pods: DjangoFleet, rows: Project, t0: int, store: str) -> None:
     def wait(what: str, check: Callable[[], Any], timeout: float = 30) -> Any:
         return wait_until(check, timeout, what, seen=pods.tail)
 
-    wait("tracking in every beat", lambda: pods.tracking("b1", "b2", "b3"), 60)
+    wait("tracking in every beat", lambda: pods.tracking("w", "b2", "b3"), 60)
     wait("three runs of every2", lambda: len(starts("every2")) >= 3)
 
     # Edits, as the admin saves them: a new interval, a row disabled, one deleted, one added.
@@ -133,17 +143,15 @@ def _scenario(pods: DjangoFleet, rows: Project, t0: int, store: str) -> None:
         lambda: [s for s in seconds_of(starts("every2")) if s > edited + FOLLOWED],
     )
 
-    # The beat that sent the last slot, SIGKILLed just after it sent; then another, SIGTERMed.
-    last = starts("every2")[-1]
-    killed = sender(pods, last)
-    pods.kill(killed)
-    pods.beat("b4")
-    wait("every2 sent by another beat", lambda: starts("every2")[-1]["slot_id"] != last["slot_id"])
-    last = starts("every2")[-1]
-    stopped = sender(pods, last)
-    pods.signal(stopped, signal.SIGTERM)
-    wait("every2 sent again", lambda: starts("every2")[-1]["slot_id"] != last["slot_id"], 15)
-    pods.beat("b5")
+    # A beat that just sent a slot, SIGKILLed; then another, SIGTERMed.
+    for signum, replacement in ((signal.SIGKILL, "b4"), (signal.SIGTERM, "b5")):
+        last, pod = wait("a slot sent by a beat", lambda: sent_by_a_beat(pods, starts("every2")))
+        if signum == signal.SIGKILL:
+            pods.kill(pod)
+        else:
+            pods.signal(pod, signum)  # it hands its slots over and exits
+        pods.beat(replacement)
+        wait("every2 sent again", lambda: starts("every2")[-1]["slot_id"] != last["slot_id"], 15)
 
     # The rows with times of their own come, and a crontab minute passes.
     wait(
@@ -157,14 +165,13 @@ def _scenario(pods: DjangoFleet, rows: Project, t0: int, store: str) -> None:
     clocked_at = round(time.time()) + 6
     rows.rows("create", [{"name": "clocked2", "clocked": clocked_at, "args": ["clocked2"]}])
     checked_until = time.time()
-    for name in [n for n in pods.procs if n.startswith("b")]:
+    for name in list(pods.procs):
         pods.stop(name)
     wait("the clocked row's time, with every beat down", lambda: time.time() > clocked_at + 2, 15)
+    pods.worker("w2", beat=True, concurrency=1)
     pods.beat("b6")
-    pods.beat("b7")
     caught = wait("clocked2, caught up", lambda: starts("clocked2"), 30)
-    for name in ("b6", "b7"):
-        pods.stop(name)
+    pods.stop("b6")
 
     lines = pods.lines()
     every_start = [x for x in lines if x["kind"] == "start"]
@@ -195,7 +202,7 @@ def _scenario(pods: DjangoFleet, rows: Project, t0: int, store: str) -> None:
     assert seconds_of(starts("expiring")) and max(seconds_of(starts("expiring"))) < t0 + EXPIRING
     assert seconds_of(starts("minute"))[0] % 60 == 0
     assert starts("sun") == []
-    for name in ("b1", "b2", "b3"):
+    for name in ("w", "b2", "b3"):
         assert "PeriodicTask 'sun': solar schedule" in pods.log(name)
 
     # One-offs: once each, and disabled in the table.
@@ -228,4 +235,4 @@ def _scenario(pods: DjangoFleet, rows: Project, t0: int, store: str) -> None:
     table = rows.dump()
     for name in ("once", "clocked", "clocked2"):
         assert table[name]["enabled"] is False, name
-    assert table["every2"]["last_run_at"] == max(every2)
+    assert table["every2"]["last_run_at"] == max(seconds_of(starts("every2")))
