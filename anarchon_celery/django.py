@@ -8,8 +8,9 @@ one beat (see :mod:`anarchon_celery.rows` for how a row is read).
 - **Changes**: every ``anarchon_django_poll`` seconds (default 2) each beat
   reads django-celery-beat's change marker (``PeriodicTasks``, one row by its
   primary key, written by the admin and by every ``PeriodicTask.save()``);
-  only when it moved are the enabled rows read again (one query), and the
-  added, changed, disabled and deleted rows applied to the engine.
+  only when it moved (or every 5 minutes, for changes made without moving it)
+  are the enabled rows read again (one query), and the added, changed,
+  disabled and deleted rows applied to the engine.
 - **Bookkeeping**: ``last_run_at`` and ``total_run_count`` are written by the
   beat that sent the slot, once per slot (a takeover of the same slot does
   not count it again). A one-off row (``one_off``, and every clocked row) is
@@ -48,6 +49,10 @@ log = logging.getLogger(__name__)
 
 #: How often each beat reads the change marker, by default (seconds).
 DEFAULT_POLL = 2.0
+
+#: The rows are read again at least this often (seconds), whatever the marker says:
+#: ``QuerySet.update()`` and ``bulk_create()`` change rows without moving it.
+FULL_READ = 300.0
 
 #: The columns read for each enabled row: the row's, and its schedule row's.
 COLUMNS = {
@@ -249,6 +254,8 @@ class DatabaseScheduler(Scheduler):
         self._rows: dict[str, RowEntry] = {}
         self._marker: Any = None
         self._polled = float("-inf")
+        #: When the rows were last read (monotonic).
+        self._read_at = float("-inf")
         #: When the rows must be read again whatever the marker says (a start or an expiry).
         self._due_again: float | None = None
         self._poll = DEFAULT_POLL
@@ -302,7 +309,11 @@ class DatabaseScheduler(Scheduler):
             return
         try:
             marker = tables.marker()
-            if marker != self._marker or (self._due_again is not None and now >= self._due_again):
+            if (
+                marker != self._marker
+                or (self._due_again is not None and now >= self._due_again)
+                or now - self._read_at >= FULL_READ
+            ):
                 self._read_rows(now)
         except _database_errors() as exc:
             tables.reset()
@@ -334,7 +345,7 @@ class DatabaseScheduler(Scheduler):
                     f" ({type(exc).__name__}: {exc}); are its migrations applied?"
                 ) from None
             raise
-        self._marker = marker
+        self._marker, self._read_at = marker, now
         self._rows, self._due_again = self._entries_of(rows, now)
 
     def _entries_of(self, rows: list[Row], now: float) -> tuple[dict[str, RowEntry], float | None]:

@@ -14,6 +14,14 @@ changed nothing (already paused, not paused, an unknown job, a run-now
 request for a paused job), and the two
 codes above for a bad URL (or a store that keeps no controls) and an
 unreachable store.
+
+``import`` (:func:`run_import`) copies the schedules of a ``beat_schedule``,
+celery-redbeat or django-celery-beat into stored schedules, a dry run unless
+``--apply``; it exits with :data:`EXIT_OK` when it created or changed
+schedules (or would have), :data:`EXIT_EMPTY` when there was nothing to
+create or change, :data:`EXIT_CONFIG` for bad arguments, a bad URL or a
+source it cannot read, and :data:`EXIT_UNREACHABLE` when the store or the
+source cannot be reached.
 """
 
 from __future__ import annotations
@@ -27,7 +35,8 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
-from typing import Any, TextIO, TypeVar
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from .control import OPTIONS, Control, Definition
 from .durations import parse_duration
@@ -38,11 +47,15 @@ from .errors import (
     JobPaused,
     StoreUnavailable,
     UnknownJob,
+    is_bug,
 )
 from .handoff import stray_sends
 from .schedules import from_ms
 from .store import HISTORY, JobState, LeaseStore, RegistryStore, RunState, Store, holders
 from .urls import open_store, redact, scrub, secrets_in
+
+if TYPE_CHECKING:
+    from anarchon_celery.importing.plan import Source
 
 T = TypeVar("T")
 
@@ -574,6 +587,7 @@ def main(argv: list[str] | None = None) -> int:
     board.add_argument("--port", type=int, default=8787, help="port (default 8787)")
     board.add_argument("--token-file", help="a file holding the action token")
     add_control_verbs(commands, store_option=True)
+    _import_arguments(commands)
     args = parser.parse_args(argv)
     if getattr(args, "verb", None):
         check_control_args(parser, args)
@@ -596,6 +610,13 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.command == "check":
         return run_check(args, sys.stdout, sys.stderr)
+    if args.command == "import":
+        if args.timezone is not None and not (args.beat_schedule or args.redbeat):
+            parser.error("import: --timezone is for --beat-schedule and --redbeat (a"
+                         " django-celery-beat crontab row has a time zone of its own)")  # fmt: skip
+        if args.redbeat_prefix is not None and not args.redbeat:
+            parser.error("import: --redbeat-prefix is for --redbeat")
+        return run_import(args, sys.stdout, sys.stderr)
     if args.command == "dashboard":
         return run_dashboard(args, sys.stderr)
     return run_status(
@@ -649,6 +670,107 @@ def run_check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     for finding in findings:
         print(finding, file=out)
     return EXIT_OK if all(f.ok for f in findings) else EXIT_EMPTY
+
+
+def _import_arguments(commands: Any) -> None:
+    """Add ``import`` and its arguments to the ``anarchon`` command's subparsers."""
+    parser = commands.add_parser(
+        "import",
+        help="copy the schedules of a beat_schedule, celery-redbeat or django-celery-beat"
+        " into stored schedules (a dry run unless --apply)",
+        description="Prints, for each entry of the source, whether it creates, changes or"
+        " skips (and why) a stored schedule of the same name; writes only with --apply."
+        " Exit status: 0 created or changed (in a dry run: would create or change) a"
+        " schedule, 1 nothing to create or change, 2 bad arguments, URL or source,"
+        " 3 the store or the source cannot be reached.",
+    )
+    _store_arguments(parser)
+    source = parser.add_mutually_exclusive_group(required=True)
+    for flag, metavar, what in (
+        ("--beat-schedule", "MODULE:ATTRIBUTE",
+         "a beat_schedule dict, or a Celery app (its conf.beat_schedule)"),
+        ("--redbeat", "URL", "celery-redbeat's Redis, e.g. redis://host:6379/0"),
+        ("--django-db", "URL", "django-celery-beat's database: postgresql://... or mysql://..."),
+        ("--django-settings", "MODULE",
+         "django-celery-beat's models, through Django with this settings module"),
+    ):  # fmt: skip
+        source.add_argument(flag, metavar=metavar, help=what)
+    parser.add_argument(
+        "--redbeat-prefix", metavar="PREFIX", help="redbeat's redbeat_key_prefix (default redbeat:)"
+    )
+    parser.add_argument(
+        "--timezone",
+        type=_zone_argument,
+        help="the time zone of crontab entries of --beat-schedule and --redbeat (the app's"
+        " timezone setting; default: a Celery app's own, else UTC)",
+    )
+    parser.add_argument(
+        "--apply", action="store_true", help="write the changes (without it: print, write nothing)"
+    )
+
+
+def _zone_argument(text: str) -> str:
+    try:
+        ZoneInfo(text)
+    except (ZoneInfoNotFoundError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: not an IANA time zone ({exc})") from None
+    return text
+
+
+def run_import(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """``anarchon import``: read the source, then print (and with ``--apply``, write) the
+    stored schedules it makes; the exit code (see the module)."""
+    prog = "anarchon import"
+    if (args.beat_schedule or args.django_settings) and os.getcwd() not in sys.path:
+        # The modules named are the project's, imported as `celery -A` does: from here.
+        sys.path.insert(0, os.getcwd())
+    try:
+        from anarchon_celery.importing.plan import run
+
+        source = _import_source(args, datetime.now(timezone.utc))
+    except StoreUnavailable as exc:
+        print(f"{prog}: cannot reach {exc}", file=err)
+        return EXIT_UNREACHABLE
+    except AnarchonError as exc:  # a bad source, or its missing driver
+        print(f"{prog}: {exc}", file=err)
+        return EXIT_CONFIG
+    except ImportError as exc:
+        print(f"{prog}: needs Celery: pip install 'anarchon[celery]' ({exc})", file=err)
+        return EXIT_CONFIG
+    control = _opened(lambda: Control(args.store, namespace=args.namespace), args.store, err,
+                      prog)  # fmt: skip
+    if isinstance(control, int):
+        return control
+    try:
+        written = run(source, control, apply=args.apply, out=out, store=redact(args.store))
+    except ConfigurationError as exc:  # a store that keeps no controls
+        print(f"{prog}: {exc}", file=err)
+        return EXIT_CONFIG
+    except Exception as exc:
+        if is_bug(exc):
+            raise
+        return _store_error(exc, args.store, err, prog)
+    finally:
+        with contextlib.suppress(Exception):
+            control.close()
+    return EXIT_OK if written else EXIT_EMPTY
+
+
+def _import_source(args: argparse.Namespace, now: datetime) -> Source:
+    """The source ``args`` names, read."""
+    if args.beat_schedule:
+        from anarchon_celery.importing.beat import read_beat_schedule
+
+        return read_beat_schedule(args.beat_schedule, args.timezone)
+    if args.redbeat:
+        from anarchon_celery.importing.redbeat import PREFIX, read_redbeat
+
+        return read_redbeat(args.redbeat, args.redbeat_prefix or PREFIX, args.timezone or "UTC")
+    from anarchon_celery.importing.djangobeat import read_models, read_tables
+
+    if args.django_db:
+        return read_tables(args.django_db, now)
+    return read_models(args.django_settings, now)
 
 
 def run_dashboard(args: argparse.Namespace, err: TextIO) -> int:

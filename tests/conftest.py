@@ -242,7 +242,7 @@ SERVER_FIXTURES = {
     "amqp_url",
 }
 #: The fast tier: these directories, without the tests that need a server.
-FAST_DIRS = ("unit", "docs", "stores")
+FAST_DIRS = ("unit", "docs", "stores", "django")
 #: Modules of tests/stores about one server's own behaviour: they start or need it.
 SERVER_MODULES = {
     "test_redis",
