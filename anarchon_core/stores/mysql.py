@@ -97,15 +97,21 @@ _TRIES = 5
 #: MySQL's error numbers: a deadlock's victim, a duplicate key (two claims of a new
 #: job), and MariaDB's "record has changed since last read" (a snapshot conflict).
 _RETRIED = {1213, 1062, 1020}
+# The error classes are named as the package exports them (``pymysql.Error``),
+# which are the classes PyMySQL raises. ``pymysql.err`` is not used: a Django
+# project on PyMySQL (``pymysql.install_as_MySQLdb()``) imports ``MySQLdb.err``,
+# which loads pymysql/err.py a second time, with classes of its own, and rebinds
+# the attribute ``pymysql.err`` to that copy, whose classes PyMySQL never raises.
+
 #: Errors about the server or the connection, not one item: the engine backs off.
 _UNAVAILABLE: tuple[type[BaseException], ...] = (
-    pymysql.err.OperationalError,
-    pymysql.err.InterfaceError,
-    pymysql.err.InternalError,
+    pymysql.OperationalError,
+    pymysql.InterfaceError,
+    pymysql.InternalError,
     OSError,
 )
 #: Errors of a value the server refuses (too long, out of range): refused alone.
-_REFUSED = (pymysql.err.DataError, pymysql.err.IntegrityError)
+_REFUSED = (pymysql.DataError, pymysql.IntegrityError)
 _SSL_MODES = ("disabled", "preferred", "required", "verify_ca", "verify_identity")
 _ACCEPTED = ("timeout", "pool_size", "ssl_mode", "ssl_ca", "ssl_cert", "ssl_key", "unix_socket")
 
@@ -229,7 +235,7 @@ class _Pool:
         with self._free:
             while True:
                 if self._closed:
-                    raise pymysql.err.InterfaceError(0, "the store is closed")
+                    raise pymysql.InterfaceError(0, "the store is closed")
                 while self._idle:
                     conn = self._idle.pop()
                     if not _dropped(conn):
@@ -240,7 +246,7 @@ class _Pool:
                     break
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise pymysql.err.OperationalError(
+                    raise pymysql.OperationalError(
                         0, f"no pooled connection came free within {wait:g} s"
                     )
                 self._free.wait(left)
@@ -457,15 +463,15 @@ class MySQLStore(LeaseStore, RegistryStore, ControlStore):
                     try:
                         for statement in self._schema:
                             cur.execute(statement)
-                    except pymysql.err.MySQLError as exc:
+                    except pymysql.MySQLError as exc:
                         said = scrub(" ".join(str(exc).split()), self._secret)
-                        raise pymysql.err.OperationalError(
+                        raise pymysql.OperationalError(
                             0, f"cannot create the store's tables: {said}"
                         ) from exc
                 else:
                     version = _schema_version(_text(row[0]))
                     if version != SCHEMA_VERSION:
-                        raise pymysql.err.OperationalError(
+                        raise pymysql.OperationalError(
                             0,
                             f"the tables of namespace {self.namespace!r} have layout version"
                             f" {version}, this release reads {SCHEMA_VERSION}: run the release"
@@ -500,7 +506,7 @@ class MySQLStore(LeaseStore, RegistryStore, ControlStore):
                     writes, answer = decide(results)
                     _run(cur, [*writes, ("COMMIT", ())])
                     return answer
-                except pymysql.err.MySQLError as exc:
+                except pymysql.MySQLError as exc:
                     _roll_back(conn)
                     code = exc.args[0] if exc.args else 0
                     if code in _RETRIED and attempt < _TRIES - 1:
@@ -841,5 +847,5 @@ def _roll_back(conn: pymysql.connections.Connection) -> None:
 
 def _close(conn: pymysql.connections.Connection) -> None:
     """Close ``conn`` whatever its state (the driver closes its socket in any case)."""
-    with contextlib.suppress(pymysql.err.Error):
+    with contextlib.suppress(pymysql.Error):
         conn.close()

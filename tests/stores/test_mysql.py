@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -483,3 +484,16 @@ def test_a_batch_is_two_round_trips_whatever_its_size(
     sent.clear()
     takeovers = [TakeoverRequest(job, SLOT, 5, 1) for job in jobs]
     assert all(c.won for c in store.takeover_many(takeovers, "b")) and len(sent) == 2, sent
+
+
+def test_the_store_works_beside_django_on_pymysql(mysql_url: str) -> None:
+    """A Django project on PyMySQL loads PyMySQL's error classes twice: the store must
+    still retry a lost race for a new row, and call an unreachable server an outage."""
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.stores.mysql_beside_django", mysql_url],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
