@@ -450,7 +450,7 @@ def start_mariadb(name: str) -> ServerProcess:
             pymysql.connect(
                 host="127.0.0.1", port=port, user="root", database="test", connect_timeout=1
             ).close()
-        except pymysql.err.MySQLError:
+        except pymysql.MySQLError:
             return False
         return True
 

@@ -173,6 +173,8 @@ def _scenario(pods: DjangoFleet, rows: Project, t0: int, store: str) -> None:
     caught = wait("clocked2, caught up", lambda: starts("clocked2"), 30)
     pods.stop("b6")
 
+    # Nothing went wrong on the way: no store error, no traceback in any pod's log.
+    assert pods.mentions("store_unavailable", "Traceback") == []
     lines = pods.lines()
     every_start = [x for x in lines if x["kind"] == "start"]
     twice = {s: n for s, n in per_slot(every_start).items() if n > 1}
