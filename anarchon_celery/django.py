@@ -92,10 +92,10 @@ class RowEntry(ScheduleEntry):  # type: ignore[misc]
     """A ``PeriodicTask`` row as beat's entry: anarchon's reading of it rides along."""
 
     def __init__(
-        self, *args: Any, anarchon_row: RowSchedule | Refused | None = None, **kwargs: Any
+        self, *args: Any, row_schedule: RowSchedule | Refused | None = None, **kwargs: Any
     ) -> None:
         super().__init__(*args, **kwargs)
-        self.anarchon_row = anarchon_row
+        self.row_schedule = row_schedule
 
 
 def _setup_django() -> None:
@@ -418,7 +418,7 @@ class DatabaseScheduler(Scheduler):
             kwargs=dict(spec.kwargs),
             options=dict(spec.options),
             app=self.app,
-            anarchon_row=schedule,
+            row_schedule=schedule,
         )
 
     def _refused_entry(self, row: Row, exc: ConfigurationError) -> RowEntry:
@@ -428,14 +428,14 @@ class DatabaseScheduler(Scheduler):
             task=row.task,
             schedule=timedelta(seconds=60),
             app=self.app,
-            anarchon_row=Refused(row.id, str(exc)),
+            row_schedule=Refused(row.id, str(exc)),
         )
 
     # -- sending a slot -----------------------------------------------------
 
     def send(self, job: ScheduledEntry, run: Run, engine: Engine) -> None:
         """Send a row's slot unless the row says not to; then its bookkeeping, once."""
-        row = getattr(job.entry, "anarchon_row", None)
+        row = getattr(job.entry, "row_schedule", None)
         tables = self._tables
         if not isinstance(row, RowSchedule) or tables is None:
             super().send(job, run, engine)
@@ -479,7 +479,7 @@ class DatabaseScheduler(Scheduler):
         self, job: ScheduledEntry, run: Run, engine: Engine, ticket: HandOff
     ) -> tuple[ScheduleEntry, Any]:
         sent, producer = super()._prepare(job, run, engine, ticket)
-        row = getattr(job.entry, "anarchon_row", None)
+        row = getattr(job.entry, "row_schedule", None)
         if isinstance(row, RowSchedule):
             expires = expiry(row, run.slot)
             if expires is not None:
@@ -499,7 +499,7 @@ def _caught_up(schedule: RowSchedule) -> RowSchedule:
 def rows_of(schedule: Mapping[str, Any]) -> dict[str, RowSchedule]:
     """The rows among beat's entries (for status and tests)."""
     return {
-        name: entry.anarchon_row
+        name: entry.row_schedule
         for name, entry in schedule.items()
-        if isinstance(getattr(entry, "anarchon_row", None), RowSchedule)
+        if isinstance(getattr(entry, "row_schedule", None), RowSchedule)
     }

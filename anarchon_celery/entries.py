@@ -38,7 +38,7 @@ def entry_fields(entry: ScheduleEntry) -> tuple[Any, ...]:
         dict(kwargs) if isinstance(kwargs, Mapping) else kwargs,
         dict(options) if isinstance(options, Mapping) else options,
         entry.schedule,
-        getattr(entry, "anarchon_row", None),
+        getattr(entry, "row_schedule", None),
     )
 
 
@@ -59,7 +59,7 @@ def check_entry(
     Without ``settings`` (beat not set up yet), only the entry's own fields
     are checked: the settings are checked with it at setup.
     """
-    row = getattr(entry, "anarchon_row", None)
+    row = getattr(entry, "row_schedule", None)
     spec = row.spec() if row is not None else read_schedule_entry(entry, timezone_of(app), where)
     if settings is None:
         return spec
@@ -82,7 +82,7 @@ def check_entry(
 
 def where_of(name: str, entry: Any) -> str:
     """How messages name an entry: its row of a database schedule, or its beat_schedule key."""
-    if getattr(entry, "anarchon_row", None) is not None:
+    if getattr(entry, "row_schedule", None) is not None:
         return f"PeriodicTask {name!r}"
     return f"beat_schedule[{name!r}]"
 
@@ -129,7 +129,7 @@ class EntryJobs:
             try:
                 new = self._schedule(name, entry, seen, job)
             except ConfigurationError as exc:
-                if strict and getattr(entry, "anarchon_row", None) is None:
+                if strict and getattr(entry, "row_schedule", None) is None:
                     raise
                 self._refused[name] = seen
                 if name in self.jobs:
