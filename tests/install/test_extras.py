@@ -37,7 +37,7 @@ from tests.waiting import wait_until
 ROOT = Path(__file__).resolve().parents[2]
 APPS = Path(__file__).resolve().parent
 #: Redis databases of these tests, apart from those of the other end-to-end tests.
-REDIS_DB = {"celery": 13, "celery,redis": 14, "dramatiq": 15, "celery,mysql": 11}
+REDIS_DB = {"celery": 13, "celery,redis": 14, "dramatiq": 15, "celery,mysql": 11, "django": 12}
 SLOTS = 5
 PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
 
@@ -293,6 +293,35 @@ def test_celery_worker_with_beat_runs_each_slot_once(
             _drop_redis_keys(url, namespace)
         else:
             _drop_amqp_queues(url, namespace)
+
+
+@pytest.mark.timeout(240)
+def test_django_celery_beat_rows_run_each_slot_once(
+    venv_with: Callable[[str], Path],
+    pod: Callable[[Path, str, dict[str, str]], Pod],
+    redis_url: str,
+) -> None:
+    """``anarchon[django]`` alone: a Django project's PeriodicTask row, sent by
+    ``anarchon_celery:DatabaseScheduler`` from ``celery worker -B``, once per slot."""
+    namespace = f"i{uuid.uuid4().hex[:10]}"
+    url = _redis_broker(redis_url, "django")
+    venv = venv_with("django")
+    worker = pod(venv, "django_app", {"APP_BROKER": url, "APP_NAMESPACE": namespace})
+    worker.env.update(APP_REPORT=str(worker.report))
+    python = str(venv / "bin" / "python")
+    _run([python, "django_app.py", "setup"], worker.env, "the project's setup", worker.workdir)
+    argv = [str(venv / "bin" / "celery"), "-A", "django_app", "worker", "-B", "-c", "1"]
+    argv += ["-n", f"w.{namespace}@%h", "--loglevel", "INFO", "--without-gossip"]
+    argv += ["--without-mingle"]
+    try:
+        worker.start(argv)
+        wait_until(lambda: worker.ran(SLOTS), 60, f"{SLOTS} slots to run", seen=worker.tail)
+        worker.stop()
+        _assert_each_slot_once(worker)
+        assert "anarchon: 1 entry (tick)" in worker.log.read_text()  # the row, read by beat
+    finally:
+        worker.stop()
+        _drop_redis_keys(url, namespace)
 
 
 # -- Dramatiq ---------------------------------------------------------------
