@@ -21,7 +21,8 @@ one beat (see :mod:`anarchon_celery.rows` for how a row is read).
   else an hour).
 - ``beat_schedule`` entries are scheduled from the configuration, as
   :class:`~anarchon_celery.Scheduler` does, and are not written to the
-  tables; a row of the same name replaces the entry.
+  tables; a row of the same name replaces the entry, and a disabled row of
+  that name switches it off (django-celery-beat keeps each entry as a row).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from anarchon_core.handoff import HandOff
 from anarchon_core.jobs import MAX_DEFAULT_CATCH_UP
 
 from .entries import ScheduledEntry
-from .rows import Refused, Row, RowSchedule, expiry, read_row, skipped
+from .rows import Refused, Row, RowSchedule, anchor_of, expiry, read_row, skipped
 from .scheduler import Scheduler, embedded
 
 log = logging.getLogger(__name__)
@@ -159,11 +160,17 @@ class Tables:
             self.marker_model.objects.filter(ident=1).values_list("last_update", flat=True).first()
         )
 
-    def enabled_rows(self) -> list[Row]:
-        """Every enabled row, with its schedule row's columns, in one query."""
-        rows = []
-        query = self.task_model.objects.filter(enabled=True).values(*COLUMNS)
-        for values in query:
+    def enabled_rows(self, names: list[str]) -> tuple[list[Row], set[str]]:
+        """Every enabled row with its schedule row's columns, and which of ``names``
+        have a disabled row, in one query."""
+        from django.db.models import Q
+
+        rows, off = [], set()
+        query = self.task_model.objects.filter(Q(enabled=True) | Q(name__in=names))
+        for values in query.values(*COLUMNS):
+            if not values["enabled"]:
+                off.add(values["name"])
+                continue
             fields = {key: values[key] for key, column in COLUMNS.items() if column is not None}
             for key in ("expires", "start_time", "last_run_at"):
                 fields[key] = self._aware(fields[key])
@@ -186,7 +193,7 @@ class Tables:
                 )
             fields["clocked"] = self._aware(values["clocked__clocked_time"])
             rows.append(Row(**fields))
-        return rows
+        return rows, off
 
     def _aware(self, value: datetime | None) -> datetime | None:
         if value is None or value.tzinfo is not None:
@@ -263,8 +270,10 @@ class DatabaseScheduler(Scheduler):
         self._failing = False
         #: Rows reported as not run (clocked rows missed by every beat), by row and time.
         self._reported: set[tuple[int, datetime | None]] = set()
-        #: Names of beat_schedule entries a row replaces, reported once.
+        #: Names of beat_schedule entries a row replaces or switches off, reported once.
         self._shadowed: set[str] = set()
+        #: Names of configured entries whose row is disabled: not sent.
+        self._off: set[str] = set()
         super().__init__(*args, **kwargs)
 
     def _setup(self) -> None:
@@ -276,6 +285,13 @@ class DatabaseScheduler(Scheduler):
         self._rows, self._marker, self._polled, self._due_again = {}, None, float("-inf"), None
         self._read_rows(time.monotonic(), strict=True)
         super()._setup()
+
+    def tick(self, *args: Any, **kwargs: Any) -> float:
+        """As beat's tick; beat wakes up again by the next poll of the change marker."""
+        delay = super().tick(*args, **kwargs)
+        if self.engine is None:
+            return delay
+        return max(0.0, min(delay, self._polled + self._poll - time.monotonic()))
 
     @property
     def info(self) -> str:
@@ -291,6 +307,14 @@ class DatabaseScheduler(Scheduler):
             if not strict and now - self._polled >= self._poll:
                 self._poll_rows(now)
             entries: dict[str, Any] = dict(self.schedule)
+            for name in self._off & set(entries):
+                del entries[name]
+                if name not in self._shadowed:
+                    self._shadowed.add(name)
+                    log.info(
+                        "anarchon: the entry %s is not sent: its PeriodicTask row is disabled",
+                        name,
+                    )
             for name in self._rows:
                 if name in entries and name not in self._shadowed:
                     self._shadowed.add(name)
@@ -336,7 +360,10 @@ class DatabaseScheduler(Scheduler):
         assert tables is not None
         try:
             marker = tables.marker()
-            rows = tables.enabled_rows()
+            # An entry of the configuration is off while a row of its name is disabled,
+            # as django-celery-beat (which keeps each entry as a row) has it.
+            configured = set(self.schedule) | set(self.app.conf.beat_schedule or {})
+            rows, off = tables.enabled_rows(sorted(configured | {"celery.backend_cleanup"}))
         except _database_errors() as exc:
             if strict:
                 tables.reset()
@@ -345,7 +372,7 @@ class DatabaseScheduler(Scheduler):
                     f" ({type(exc).__name__}: {exc}); are its migrations applied?"
                 ) from None
             raise
-        self._marker, self._read_at = marker, now
+        self._marker, self._read_at, self._off = marker, now, off
         self._rows, self._due_again = self._entries_of(rows, now)
 
     def _entries_of(self, rows: list[Row], now: float) -> tuple[dict[str, RowEntry], float | None]:
@@ -493,7 +520,7 @@ def _caught_up(schedule: RowSchedule) -> RowSchedule:
 
     clocked = schedule.clocked
     assert clocked is not None
-    return replace(schedule, entry=replace(schedule.entry, every=1.0, anchor=clocked.timestamp()))
+    return replace(schedule, entry=replace(schedule.entry, every=1.0, anchor=anchor_of(clocked)))
 
 
 def rows_of(schedule: Mapping[str, Any]) -> dict[str, RowSchedule]:

@@ -102,6 +102,8 @@ class EntryJobs:
         self.settings = settings
         self.jobs: dict[str, ScheduledEntry] = {}
         self._refused: dict[str, tuple[Any, ...]] = {}
+        #: The row entries applied (scheduled or refused), by name: see _remember_row.
+        self._rows: dict[str, Any] = {}
         self._dispatcher = dispatcher
 
     def apply(self, schedule: Mapping[str, Any], strict: bool = False) -> None:
@@ -115,14 +117,22 @@ class EntryJobs:
         for name in [n for n in self.jobs if n not in current]:
             self._remove(name)
             log.info("anarchon: entry %s removed", name)
+        self._rows = {
+            name: entry for name, entry in self._rows.items() if current.get(name) is entry
+        }
+        rows = self._rows
         for name, entry in current.items():
+            if rows.get(name) is entry:
+                continue  # the very row entry applied before: rows never change in place
             job = self.jobs.get(name)
             if isinstance(entry, ScheduleEntry):
                 seen = entry_fields(entry)
                 if job is not None and seen == job.seen:
                     job.entry = entry  # an equal entry (beat's reserve() replaces them)
+                    self._remember_row(name, entry)
                     continue
                 if self._refused.get(name) == seen:
+                    self._remember_row(name, entry)
                     continue
             else:
                 seen = (entry,)
@@ -132,16 +142,29 @@ class EntryJobs:
                 if strict and getattr(entry, "row_schedule", None) is None:
                     raise
                 self._refused[name] = seen
+                self._remember_row(name, entry)
                 if name in self.jobs:
                     self._remove(name)
                 log.error("anarchon: %s; the entry is not scheduled", exc)
                 continue
+            self._remember_row(name, entry)
             if new is None:
                 continue
             self._refused.pop(name, None)
             self.jobs[name] = new
             if not strict:
                 log.info("anarchon: entry %s %s", name, "changed" if job else "added")
+
+    def _remember_row(self, name: str, entry: Any) -> None:
+        """A row's entry, once applied, is skipped while the same object comes again.
+
+        A database schedule hands over thousands of rows at every step; each
+        row's entry is a new object only when the row was read again.
+        """
+        if getattr(entry, "row_schedule", None) is not None:
+            self._rows[name] = entry
+        else:
+            self._rows.pop(name, None)
 
     def _schedule(
         self, name: str, entry: Any, seen: tuple[Any, ...], job: ScheduledEntry | None

@@ -26,6 +26,7 @@ time).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -119,6 +120,15 @@ class Refused:
         raise ConfigurationError(self.reason)
 
 
+def anchor_of(when: datetime) -> float:
+    """``when`` as a grid's anchor: Unix seconds, rounded up to the millisecond.
+
+    Slots are whole milliseconds; rounding down would put the first slot
+    before ``start_time`` (then skipped), rounding up keeps it at its time.
+    """
+    return math.ceil(round(when.timestamp() * 1000, 3)) / 1000
+
+
 def aware(value: datetime | None) -> datetime | None:
     """``value`` with its time zone; a naive datetime is UTC (Django's ``USE_TZ=False``)."""
     if value is None or value.tzinfo is not None:
@@ -180,7 +190,7 @@ def read_row(row: Row) -> RowSchedule:
         if every <= 0:
             raise ConfigurationError(f"{where}: interval every={count} {period} is not positive")
         if start is not None:
-            anchor = start.timestamp()
+            anchor = anchor_of(start)
     elif row.crontab is not None:
         minute, hour, day_of_month, month_of_year, day_of_week, zone = row.crontab
         try:
@@ -203,7 +213,7 @@ def read_row(row: Row) -> RowSchedule:
         )
     else:
         assert clocked is not None
-        every, anchor = CLOCKED_EVERY, clocked.timestamp()
+        every, anchor = CLOCKED_EVERY, anchor_of(clocked)
         start = clocked if start is None or clocked > start else start
     expires = aware(row.expires)
     entry = Entry(

@@ -270,7 +270,8 @@ def _long(item: pytest.Item) -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark the fast tier (``-m fast``): unit, docs, and the memory and SQLite stores."""
+    """Mark the fast tier (``-m fast``): unit, docs, the memory and SQLite stores, and
+    django-celery-beat's rows on SQLite with beats in the test process."""
     tests = Path(__file__).parent
     for item in items:
         parts = item.path.relative_to(tests).parts

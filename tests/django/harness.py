@@ -3,8 +3,8 @@
 :class:`Project` makes a database on the given PostgreSQL or MySQL/MariaDB
 server, applies the project's migrations (django-celery-beat's tables, the
 admin's), and acts on the rows as the admin does (``project/rows.py`` in a
-subprocess: the test process never configures Django itself, so tests on
-two databases can share it). :class:`DjangoFleet` runs the project's real
+subprocess: the harness never configures Django in the test process, so
+tests on two databases can share it). :class:`DjangoFleet` runs the project's real
 ``celery beat`` and ``celery worker`` processes.
 """
 
