@@ -96,7 +96,7 @@ class HandOff:
             attempt=run.attempt,
             token=run.token,
             tracked=tracked,
-            lease=engine.jobs[run.job].options.lease,
+            lease=engine.job_named(run.job).options.lease,
             pickup=pickup,
             sent_by=engine.instance,
         )

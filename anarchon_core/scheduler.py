@@ -264,8 +264,18 @@ class Scheduler:
 
     @property
     def jobs(self) -> dict[str, Job]:
-        """The jobs declared here, by name."""
+        """The jobs declared here, by name (a new dict: for a look-up, see :meth:`job_named`)."""
         return self._table.jobs()
+
+    def job_named(self, name: str) -> Job:
+        """The job ``name`` declared here (or removed with a run going on); KeyError if none.
+
+        One look-up, whatever the number of jobs: the per-run paths use it.
+        """
+        rt = self._table.get(name)
+        if rt is None:
+            raise KeyError(name)
+        return rt.job
 
     def add_listener(self, listener: Callable[[Event], None]) -> None:
         """Call ``listener`` with every :class:`~anarchon_core.Event` of this instance."""
