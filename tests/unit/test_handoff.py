@@ -86,7 +86,7 @@ def _engine_and_run(sent: Sent, lease: float = 5.0) -> tuple[Any, Any]:
     engine = SimpleNamespace(
         namespace="ns",
         instance="beat:1",
-        jobs={"job": SimpleNamespace(options=SimpleNamespace(lease=lease))},
+        job_named={"job": SimpleNamespace(options=SimpleNamespace(lease=lease))}.__getitem__,
     )
     run = SimpleNamespace(
         job="job",
