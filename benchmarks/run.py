@@ -20,7 +20,8 @@ The suite, each part a table of docs/benchmarks.md (``engine``: the cases of
 :data:`SUITE`; ``overload``: the cases of :data:`OVERLOAD`, more jobs than the
 fleet keeps up with; ``failover``: benchmarks/failover.py; ``celery``:
 benchmarks/celery_beat.py; ``apscheduler``: benchmarks/apscheduler_peer.py
-beside anarchon on PostgreSQL); it needs the ``bench`` dependency group::
+beside anarchon on PostgreSQL; ``django``: benchmarks/django_beat.py,
+django-celery-beat's rows); it needs the ``bench`` dependency group::
 
     .venv/bin/python -m benchmarks.run --suite --write docs/benchmarks.md
     .venv/bin/python -m benchmarks.run --suite --parts celery --write docs/benchmarks.md
@@ -342,7 +343,7 @@ def _drop(store: str, namespace: str) -> None:
 
 
 #: The parts of the suite: each a table of its own in docs/benchmarks.md.
-PARTS = ("engine", "sql", "overload", "failover", "celery", "apscheduler")
+PARTS = ("engine", "sql", "overload", "failover", "celery", "apscheduler", "django")
 #: The engine's cases profiled with py-spy (their first instance, over the window).
 PROFILED = {(REDIS, 1000, 3), (REDIS, 10000, 10), (POSTGRES, 10000, 3)}
 
@@ -404,6 +405,10 @@ def suite_part(part: str) -> tuple[str, list[str]]:
         from benchmarks import celery_beat
 
         return celery_beat.HEADER, celery_beat.run(entries=1000, seconds=60)
+    if part == "django":
+        from benchmarks import django_beat
+
+        return django_beat.HEADER, django_beat.run()
     from benchmarks import apscheduler_peer
 
     head, rule = apscheduler_peer.HEADER.splitlines()
