@@ -21,7 +21,7 @@ from .errors import (
 from .events import Event, EventKind
 from .jobs import Job, JobOptions, Run
 from .scheduler import Scheduler
-from .schedules import Cron, Every, Schedule, make_schedule, slot_id
+from .schedules import Bounded, Cron, Every, Schedule, Upcoming, make_schedule, preview, slot_id
 from .store import (
     Change,
     Claim,
@@ -42,6 +42,7 @@ from .urls import open_store, redact
 __all__ = [
     "AnarchonError",
     "BatchRefused",
+    "Bounded",
     "Change",
     "Claim",
     "ClaimRequest",
@@ -77,8 +78,10 @@ __all__ = [
     "SystemClock",
     "TakeoverRequest",
     "UnknownJob",
+    "Upcoming",
     "make_schedule",
     "open_store",
+    "preview",
     "redact",
     "slot_id",
 ]

@@ -19,7 +19,7 @@ from .durations import Duration, parse_duration, within
 from .errors import ConfigurationError, DispatchFailed, LeaseLost
 from .names import MAX_NAME as MAX_NAME  # importable from here as before
 from .names import check_name as check_name
-from .schedules import Schedule
+from .schedules import NEVER, Schedule, grid_of
 from .slots import BACKFILL, Slot
 
 #: Defaults of every job option, in seconds (``renew`` defaults to lease / 3,
@@ -162,7 +162,10 @@ class Job:
         """
         if self.options.catch_up is not None:
             return self.options.catch_up
-        gap = ((after or self.schedule.next_after(slot)) - slot).total_seconds()
+        after = after or self.schedule.next_after(slot)
+        if after == NEVER:  # the last slot before an end=: one interval of the grid still
+            after = grid_of(self.schedule).next_after(slot)
+        gap = (after - slot).total_seconds()
         return min(gap, MAX_DEFAULT_CATCH_UP)
 
     @functools.cached_property

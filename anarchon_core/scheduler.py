@@ -31,7 +31,7 @@ import random
 import socket
 import threading
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
 
 from .clock import Clock, SystemClock
@@ -60,7 +60,7 @@ from .events import Emitter, Event, Health
 from .jobs import Job, JobOptions, Run
 from .names import check_name
 from .peers import Peers
-from .schedules import make_schedule
+from .schedules import NEVER, make_schedule, preview
 from .slots import BACKFILL
 from .store import Paused, Store
 
@@ -189,6 +189,8 @@ class Scheduler:
         cron: str | None = None,
         timezone: str | None = None,
         anchor: datetime | None = None,
+        start: datetime | str | None = None,
+        end: datetime | str | None = None,
         lease: Duration | None = None,
         renew: Duration | None = None,
         jitter: Duration | None = None,
@@ -205,6 +207,8 @@ class Scheduler:
                 cron=cron,
                 timezone=timezone,
                 anchor=anchor,
+                start=start,
+                end=end,
                 lease=lease,
                 renew=renew,
                 jitter=jitter,
@@ -224,16 +228,25 @@ class Scheduler:
         cron: str | None = None,
         timezone: str | None = None,
         anchor: datetime | None = None,
+        start: datetime | str | None = None,
+        end: datetime | str | None = None,
         lease: Duration | None = None,
         renew: Duration | None = None,
         jitter: Duration | None = None,
         catch_up: Duration | None = None,
         watch: Duration | None = None,
     ) -> Job:
-        """Declare a job. Every error is raised before anything is registered."""
+        """Declare a job. Every error is raised before anything is registered.
+
+        ``start=`` and ``end=`` (aware datetimes or ISO 8601 strings with an
+        offset) bound its slots, both included: none before the start, none
+        after the end (the job has then ended; ``anarchon status`` says so).
+        """
         if name is None:
             name = str(getattr(handler, "__qualname__", None) or getattr(handler, "__name__", ""))
-        schedule = make_schedule(every=every, cron=cron, timezone=timezone, anchor=anchor)
+        schedule = make_schedule(
+            every=every, cron=cron, timezone=timezone, anchor=anchor, start=start, end=end
+        )
         options = self._defaults.merged(
             lease=lease, renew=renew, jitter=jitter, catch_up=catch_up, watch=watch
         )
@@ -277,6 +290,19 @@ class Scheduler:
             raise KeyError(name)
         return rt.job
 
+    def next_slots(self, job: str, n: int = 10, after: datetime | None = None) -> list[datetime]:
+        """The next ``n`` slots of the job ``job`` declared here, after ``after`` (default:
+        now by the scheduler's clock), as aware UTC datetimes; fewer once its ``end=``
+        comes. The same slots every instance computes (see :func:`anarchon_core.preview`
+        for them in the job's time zone, with DST gaps and folds marked)."""
+        schedule = self.job_named(job).schedule
+        return [
+            p.slot
+            for p in preview(
+                schedule, n, after or datetime.fromtimestamp(self._clock.time(), timezone.utc)
+            )
+        ]
+
     def add_listener(self, listener: Callable[[Event], None]) -> None:
         """Call ``listener`` with every :class:`~anarchon_core.Event` of this instance."""
         self._emit.add_listener(listener)
@@ -317,7 +343,9 @@ class Scheduler:
                 continue
             runner = rt.runner
             left = runner.run.lease_left() if runner is not None else None
-            nxt = rt.next_slot.ms / 1000 if rt.next_slot is not None else None
+            nxt = None
+            if rt.next_slot is not None and rt.next_slot.time != NEVER:
+                nxt = rt.next_slot.ms / 1000
             shown_jobs[name] = (nxt, left)
         return shown_jobs
 

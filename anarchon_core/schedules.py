@@ -28,11 +28,12 @@ from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from functools import cache, lru_cache
 from itertools import pairwise
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import CroniterBadDateError, croniter
@@ -214,6 +215,10 @@ class Cron:
         except (CroniterBadDateError, OverflowError):
             return None
 
+    def names_wall(self, wall: datetime) -> bool:
+        """Whether the naive wall time ``wall`` matches the expression."""
+        return bool(croniter.match(" ".join(map(str, self._parser.expressions)), wall))
+
     def describe(self) -> str:
         """``cron '0 8 * * *' Europe/Athens``."""
         return f"cron {self.expression!r} {self.timezone}"
@@ -314,11 +319,24 @@ def make_schedule(
     cron: str | None = None,
     timezone: str | None = None,
     anchor: datetime | None = None,
+    start: datetime | str | None = None,
+    end: datetime | str | None = None,
 ) -> Schedule:
     """The schedule of a job: exactly one of ``every=`` (seconds or a timedelta) and ``cron=``.
 
     ``timezone=`` (default UTC) applies to cron only, ``anchor=`` to every only.
+    ``start=`` and ``end=`` (aware datetimes or ISO 8601 strings with an offset)
+    bound the slots, both included (:class:`Bounded`).
     """
+    return bounded(_grid(every, cron, timezone, anchor), start, end)
+
+
+def _grid(
+    every: float | int | timedelta | None,
+    cron: str | None,
+    timezone: str | None,
+    anchor: datetime | None,
+) -> Schedule:
     if (every is None) == (cron is None):
         which = "both" if every is not None else "neither"
         raise ConfigurationError(f"pass exactly one of every= and cron= (got {which})")
@@ -446,3 +464,205 @@ def _last_change(key: str, x: int, limit: int) -> tuple[int, int, int] | None:
 def _format(interval: timedelta) -> str:
     """``10s``, ``1.5s``, ``-2s``: an interval in seconds, as ``every=`` takes it."""
     return f"{interval / timedelta(seconds=1):.3f}".rstrip("0").rstrip(".") + "s"
+
+
+#: The "slot" of a job whose schedule has ended (:class:`Bounded` past its ``end``):
+#: a time no clock reaches, so nothing is ever claimed for it.
+NEVER = datetime(9999, 12, 31, tzinfo=timezone.utc)
+
+
+def moment(name: str, value: datetime | str) -> datetime:
+    """An aware UTC datetime from an aware datetime or an ISO 8601 string with its offset."""
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value.strip())
+        except ValueError:
+            raise ConfigurationError(
+                f"{name}={value!r}: not an ISO 8601 date and time (2026-01-31T08:00:00+00:00)"
+            ) from None
+    if not isinstance(value, datetime):
+        raise ConfigurationError(f"{name}={value!r}: expected a datetime or an ISO 8601 string")
+    if value.utcoffset() is None:
+        raise ConfigurationError(
+            f"{name}={value.isoformat()}: give its time zone (an aware datetime, or an"
+            " offset such as +00:00): instances in other zones would read it differently"
+        )
+    try:
+        if (value - EPOCH) % _MS:
+            raise ConfigurationError(f"{name}={value.isoformat()}: must be on a whole millisecond")
+        return value.astimezone(timezone.utc)
+    except OverflowError:
+        raise ConfigurationError(f"{name}={value!r}: too close to the calendar's ends") from None
+
+
+@dataclass(frozen=True)
+class Bounded:
+    """The slots of ``grid`` from ``start`` to ``end`` (both included, either may be None).
+
+    Past its end the next slot is :data:`NEVER`: the job has ended. Its grid is
+    unchanged by the bounds: an ``every=`` grid stays on its anchor, so every
+    instance agrees on the slots whatever the start.
+    """
+
+    grid: Schedule
+    start: datetime | None = None
+    end: datetime | None = None
+
+    def __post_init__(self) -> None:
+        if self.start is None and self.end is None:
+            raise ConfigurationError("a bounded schedule needs start= or end=")
+        if self.start is not None and self.end is not None and self.end < self.start:
+            raise ConfigurationError(
+                f"end={self.end.isoformat()} is before start={self.start.isoformat()}"
+            )
+        first = self._first_at_or_after(self.start) if self.start is not None else None
+        if self.end is not None and first is not None and first > self.end:
+            raise ConfigurationError(
+                f"{self.grid.describe()} has no slot from start={self.start.isoformat()}"  # type: ignore[union-attr]
+                f" to end={self.end.isoformat()}"
+            )
+
+    def _first_at_or_after(self, t: datetime) -> datetime:
+        latest = self.grid.latest_at_or_before(t)
+        return latest if latest is not None and latest == t else self.grid.next_after(t)
+
+    def next_after(self, t: datetime) -> datetime:
+        """The first slot strictly after ``t`` within the bounds; :data:`NEVER` past the end."""
+        if self.end is not None and t >= self.end:
+            return NEVER
+        if self.start is not None and t < self.start:
+            found = self._first_at_or_after(self.start)
+        else:
+            found = self.grid.next_after(t)
+        return NEVER if self.end is not None and found > self.end else found
+
+    def latest_at_or_before(self, t: datetime) -> datetime | None:
+        """The last slot at or before ``t`` within the bounds, or None."""
+        if self.end is not None and t > self.end:
+            t = self.end
+        latest = self.grid.latest_at_or_before(t)
+        if latest is None or (self.start is not None and latest < self.start):
+            return None
+        return latest
+
+    def describe(self) -> str:
+        """``every 1m from 2027-01-01T00:00:00+00:00 until 2027-02-01T00:00:00+00:00``."""
+        text = self.grid.describe()
+        if self.start is not None:
+            text += f", starting {self.start.isoformat()}"
+        if self.end is not None:
+            text += f", ending {self.end.isoformat()}"
+        return text
+
+    @property
+    def min_interval(self) -> timedelta:
+        """The grid's."""
+        return self.grid.min_interval
+
+    def ended(self, t: datetime) -> bool:
+        """Whether no slot of this schedule comes after ``t``."""
+        return self.next_after(t) == NEVER
+
+
+def bounded(
+    schedule: Schedule, start: datetime | str | None = None, end: datetime | str | None = None
+) -> Schedule:
+    """``schedule`` limited to ``start``..``end`` (each an aware datetime or an ISO string)."""
+    if start is None and end is None:
+        return schedule
+    return Bounded(
+        schedule,
+        None if start is None else moment("start", start),
+        None if end is None else moment("end", end),
+    )
+
+
+def grid_of(schedule: Schedule) -> Schedule:
+    """The unbounded grid of ``schedule``."""
+    return schedule.grid if isinstance(schedule, Bounded) else schedule
+
+
+def ended(schedule: Schedule, t: datetime) -> bool:
+    """Whether ``schedule`` has no slot after ``t`` (a :class:`Bounded` one past its end)."""
+    return isinstance(schedule, Bounded) and schedule.ended(t)
+
+
+def spec(schedule: Schedule) -> dict[str, object]:
+    """``schedule`` as JSON values (``every`` seconds, ``anchor`` Unix seconds, ``cron``,
+    ``timezone``, ``start`` and ``end`` ISO strings): :func:`from_spec` builds it again."""
+    out: dict[str, object] = {}
+    grid = grid_of(schedule)
+    if isinstance(grid, Every):
+        out["every"] = grid.interval.total_seconds()
+        if grid.anchor != EPOCH:
+            out["anchor"] = to_ms(grid.anchor) / 1000
+    elif isinstance(grid, Cron):
+        out["cron"], out["timezone"] = grid.expression, grid.timezone
+    else:
+        raise ConfigurationError(f"{grid.describe()}: not a schedule that can be written down")
+    if isinstance(schedule, Bounded):
+        if schedule.start is not None:
+            out["start"] = schedule.start.isoformat()
+        if schedule.end is not None:
+            out["end"] = schedule.end.isoformat()
+    return out
+
+
+def from_spec(values: Mapping[str, Any]) -> Schedule:
+    """The schedule :func:`spec` wrote; ConfigurationError naming what is wrong."""
+    anchor = values.get("anchor")
+    try:
+        when = None if anchor is None else from_ms(round(float(anchor) * 1000))
+    except (TypeError, ValueError, OverflowError):
+        raise ConfigurationError(f"anchor={anchor!r}: expected Unix seconds") from None
+    return make_schedule(
+        every=values.get("every"),
+        cron=values.get("cron"),
+        timezone=values.get("timezone"),
+        anchor=when,
+        start=values.get("start"),
+        end=values.get("end"),
+    )
+
+
+@dataclass(frozen=True)
+class Upcoming:
+    """One slot to come (:func:`preview`): its instant, its wall time in the job's zone,
+    and a note when a daylight saving change moved or repeated that wall time."""
+
+    slot: datetime
+    local: datetime
+    #: ``""``, or why this wall time is unusual: ``"DST gap: ..."`` or ``"DST fold: ..."``.
+    note: str = ""
+
+
+def zone_of(schedule: Schedule) -> str:
+    """The IANA time zone a schedule's wall times are read in (UTC for ``every=``)."""
+    grid = grid_of(schedule)
+    return grid.timezone if isinstance(grid, Cron) else "UTC"
+
+
+def preview(schedule: Schedule, n: int, after: datetime) -> list[Upcoming]:
+    """The next ``n`` slots of ``schedule`` after ``after`` (fewer past its end), each
+    with its wall time in the schedule's zone and the DST gaps and folds marked."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ConfigurationError(f"n={n!r}: expected a whole number of slots, at least 1")
+    grid, zone = grid_of(schedule), ZoneInfo(zone_of(schedule))
+    out: list[Upcoming] = []
+    t = after
+    while len(out) < n:
+        t = schedule.next_after(t)
+        if t == NEVER:
+            break
+        local = t.astimezone(zone)
+        note = ""
+        if isinstance(grid, Cron) and not grid.names_wall(local.replace(tzinfo=None)):
+            note = (
+                f"DST gap: the wall time it names does not exist in {zone.key};"
+                " it fires at the gap's end"
+            )
+        elif local.replace(fold=1 - local.fold).utcoffset() != local.utcoffset():
+            which = "second" if local.fold else "first"
+            note = f"DST fold: {local:%H:%M:%S} happens twice in {zone.key}; this is the {which}"
+        out.append(Upcoming(t, local, note))
+    return out

@@ -63,7 +63,7 @@ class Periodic:
     anchor: datetime | None
     cron: str | None
     timezone: str | None
-    overrides: dict[str, Duration] = field(default_factory=dict)
+    overrides: dict[str, Any] = field(default_factory=dict)
 
 
 def read_declaration(
