@@ -17,7 +17,6 @@ from typing import Any
 from dramatiq.middleware import MiddlewareError
 
 from anarchon_core import ConfigurationError, Job, JobOptions
-from anarchon_core.durations import Duration
 from anarchon_core.handoff import check_pickup
 from anarchon_core.schedules import make_schedule
 
