@@ -64,6 +64,8 @@ class EventKind(str, enum.Enum):
     MANUAL = ("manual", logging.INFO)
     #: The slot was not started: its job, or the whole namespace, is paused.
     PAUSED = ("paused", logging.DEBUG)
+    #: A ``pause_on_failure`` job was paused after a run ended failed (on every instance).
+    PAUSED_ON_FAILURE = ("paused_on_failure", logging.WARNING)
     #: A slot was not claimed, or a handed-off run was never picked up.
     MISSED = ("missed", logging.WARNING)
     #: The store stopped answering, or answered with an error (once per outage).

@@ -26,7 +26,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import socket
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from functools import partial
@@ -36,6 +39,8 @@ from .clock import SystemClock
 from .control import DEFINED
 from .errors import ConfigurationError, Conflict, DispatchFailed, is_bug
 from .errors import SkipWork as SkipWork  # defined with every error; importable here as before
+from .pauses import PauseReason, failed_reason, pause_for
+from .slots import BACKFILL
 from .store import ControlStore, LeaseStore, RunState, Store
 from .urls import open_store
 
@@ -85,10 +90,13 @@ class HandOff:
     lease: float
     pickup: float
     sent_by: str = ""
+    #: The job is paused on every instance if this work ends failed (``pause_on_failure``).
+    pause_on_failure: bool = False
 
     @classmethod
     def for_run(cls, engine: Scheduler, run: Run, *, pickup: float, tracked: bool) -> HandOff:
         """The ticket of ``run``, a slot ``engine`` won, to send with the slot's work."""
+        job = engine.job_named(run.job)
         return cls(
             namespace=engine.namespace,
             job=run.key,
@@ -96,9 +104,10 @@ class HandOff:
             attempt=run.attempt,
             token=run.token,
             tracked=tracked,
-            lease=engine.job_named(run.job).options.lease,
+            lease=job.options.lease,
             pickup=pickup,
             sent_by=engine.instance,
+            pause_on_failure=job.rules.pause_on_failure,
         )
 
     def to_message(self) -> dict[str, Any]:
@@ -119,6 +128,7 @@ class HandOff:
             lease=lease,
             pickup=float(info.get("pickup", lease)),
             sent_by=str(info.get("sent_by", "")),
+            pause_on_failure=info.get("pause_on_failure") is True,
         )
 
 
@@ -311,8 +321,24 @@ class ExecutionLease:
         """Stop renewing and finish the slot as ``outcome``."""
         t = self.ticket
         finish = partial(self.store.finish, t.job, t.token, outcome)
-        if self._last_step(finish, _NOT_FINISHED) is False:
+        finished = self._last_step(finish, _NOT_FINISHED)
+        if finished is False:
             log.warning("anarchon: %s finished after losing its lease", t.slot_id)
+        elif finished and outcome is RunState.FAILED and t.pause_on_failure:
+            self._pause(t)
+
+    def _pause(self, t: HandOff) -> None:
+        """Pause the job on every instance: its work ended failed (``pause_on_failure``)."""
+        job = t.job.removesuffix(BACKFILL)
+        worker = f"{socket.gethostname()}:{os.getpid()}"
+        reason = PauseReason(
+            job, failed_reason(t.slot_id, t.attempt), worker, time.time(), t.slot_id
+        )
+        try:
+            if pause_for(self.store, reason):
+                log.warning("anarchon: %s paused on every instance: %s", job, reason.reason)
+        except Exception as exc:  # the store failed: the pause is not made, and says so
+            _store_failed("anarchon: could not pause %s after its failure: %s", t.slot_id, exc)
 
     def keep_for_retry(self) -> None:
         """Stop renewing; dispatch the slot again with the pickup lease, for the retried message."""

@@ -7,6 +7,7 @@ half-registered.
 
 from __future__ import annotations
 
+import enum
 import functools
 import inspect
 import threading
@@ -110,14 +111,84 @@ class JobOptions:
         return JobOptions(**current)  # type: ignore[arg-type]
 
 
+class Overlap(str, enum.Enum):
+    """What happens to a slot that comes while the job's previous run still holds its lease."""
+
+    #: The new slot is skipped (counted and logged as an overlap).
+    SKIP = "skip"
+    #: At most one slot waits and starts once the running one ends; later ones are skipped.
+    BUFFER_ONE = "buffer_one"
+    #: Every slot waits, in order, up to :data:`MAX_BUFFERED`.
+    BUFFER_ALL = "buffer_all"
+    #: The running handler is told (``run.cancelled``); the new slot starts once it ended.
+    CANCEL_OTHER = "cancel_other"
+
+
+#: The most slots of one job that ``overlap="buffer_all"`` keeps waiting; later ones are skipped.
+MAX_BUFFERED = 100
+
+
+@dataclass(frozen=True)
+class Rules:
+    """What a job's schedule says beyond its grid, validated together.
+
+    ``overlap``: a :class:`Overlap` policy or its name (default ``skip``).
+    ``limit``: the number of slots the job runs in all, counted in the store
+    across instances (takeovers not counted twice); None: no limit.
+    ``pause_on_failure``: pause the job on every instance after a run ends failed.
+    """
+
+    overlap: Overlap = Overlap.SKIP
+    limit: int | None = None
+    pause_on_failure: bool = False
+
+    def __post_init__(self) -> None:
+        overlap = self.overlap
+        if not isinstance(overlap, Overlap):
+            try:
+                overlap = Overlap(overlap)
+            except ValueError:
+                names = ", ".join(policy.value for policy in Overlap)
+                raise ConfigurationError(
+                    f"overlap={self.overlap!r}: not a policy (one of {names})"
+                ) from None
+            object.__setattr__(self, "overlap", overlap)
+        if self.limit is not None and (
+            isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit < 1
+        ):
+            raise ConfigurationError(
+                f"limit={self.limit!r}: expected a whole number of slots, at least 1"
+                " (leave it out for no limit)"
+            )
+        if not isinstance(self.pause_on_failure, bool):
+            raise ConfigurationError(
+                f"pause_on_failure={self.pause_on_failure!r}: expected True or False"
+            )
+
+    @classmethod
+    def build(
+        cls,
+        overlap: Overlap | str | None = None,
+        limit: int | None = None,
+        pause_on_failure: bool | None = None,
+    ) -> Rules:
+        """Rules from user input; ``None`` keeps the default."""
+        return cls(
+            Overlap.SKIP if overlap is None else overlap,  # type: ignore[arg-type]
+            limit,
+            False if pause_on_failure is None else pause_on_failure,
+        )
+
+
 @dataclass(frozen=True)
 class Job:
-    """A named periodic task: schedule, handler and options."""
+    """A named periodic task: schedule, handler, options and rules."""
 
     name: str
     handler: Callable[..., Any]
     schedule: Schedule
     options: JobOptions = field(default_factory=JobOptions)
+    rules: Rules = field(default_factory=Rules)
 
     def __post_init__(self) -> None:
         self.check(self.name, self.schedule, self.options)
@@ -128,7 +199,7 @@ class Job:
         """This job as its backfill's record knows it: the same handler, schedule and
         options, under the record's name (``name`` + :data:`~anarchon_core.slots.BACKFILL`,
         which no declared job may carry)."""
-        job = Job(self.name, self.handler, self.schedule, self.options)
+        job = Job(self.name, self.handler, self.schedule, self.options, self.rules)
         object.__setattr__(job, "name", self.name + BACKFILL)
         return job
 

@@ -61,6 +61,11 @@ COUNTERS: tuple[tuple[str, str, tuple[EventKind, ...]], ...] = (
         (EventKind.FAILED, EventKind.DISPATCH_FAILED),
     ),
     (
+        "anarchon_jobs_paused_on_failure",
+        "Times this instance paused a pause_on_failure job after one of its runs ended failed.",
+        (EventKind.PAUSED_ON_FAILURE,),
+    ),
+    (
         "anarchon_slots_dispatched",
         "Runs this instance handed off to a worker (Celery, Dramatiq).",
         (EventKind.DISPATCHED,),

@@ -57,7 +57,7 @@ from .engine.stored import Handlers, Resolve, StoredSchedules
 from .engine.table import JobTable
 from .errors import ConfigurationError
 from .events import Emitter, Event, Health
-from .jobs import Job, JobOptions, Run
+from .jobs import Job, JobOptions, Overlap, Rules, Run
 from .names import check_name
 from .peers import Peers
 from .schedules import NEVER, make_schedule, preview
@@ -196,6 +196,9 @@ class Scheduler:
         jitter: Duration | None = None,
         catch_up: Duration | None = None,
         watch: Duration | None = None,
+        overlap: Overlap | str | None = None,
+        limit: int | None = None,
+        pause_on_failure: bool | None = None,
     ) -> Callable[[F], F]:
         """Decorator declaring a job; the name defaults to the function's qualified name."""
 
@@ -214,6 +217,9 @@ class Scheduler:
                 jitter=jitter,
                 catch_up=catch_up,
                 watch=watch,
+                overlap=overlap,
+                limit=limit,
+                pause_on_failure=pause_on_failure,
             )
             return handler
 
@@ -235,6 +241,9 @@ class Scheduler:
         jitter: Duration | None = None,
         catch_up: Duration | None = None,
         watch: Duration | None = None,
+        overlap: Overlap | str | None = None,
+        limit: int | None = None,
+        pause_on_failure: bool | None = None,
     ) -> Job:
         """Declare a job. Every error is raised before anything is registered.
 
@@ -250,7 +259,8 @@ class Scheduler:
         options = self._defaults.merged(
             lease=lease, renew=renew, jitter=jitter, catch_up=catch_up, watch=watch
         )
-        job = Job(name=name, handler=handler, schedule=schedule, options=options)
+        rules = Rules.build(overlap, limit, pause_on_failure)
+        job = Job(name=name, handler=handler, schedule=schedule, options=options, rules=rules)
         self._table.add(job)
         self._wake.set()
         return job

@@ -21,6 +21,7 @@ from ..clock import Task
 from ..errors import BatchRefused, DispatchFailed, LeaseLost
 from ..events import EventKind
 from ..jobs import Run
+from ..pauses import PauseReason, failed_reason, pause_for
 from ..roles import Backup, Completion, JobRuntime, Runner
 from ..slots import Slot, shown
 from ..store import Change, JobState, RunState
@@ -61,6 +62,9 @@ class Runs:
         self._done_lock = threading.Lock()
         self._threads: list[Task] = []
         self._pruned_at = 0
+        #: Pauses owed to ``pause_on_failure`` jobs whose run ended failed, by job: sent
+        #: after the ends, again at each step until the store takes them.
+        self._pauses: dict[str, PauseReason] = {}
 
     # -- beginning and executing ---------------------------------------------
 
@@ -291,6 +295,8 @@ class Runs:
         :mod:`.pacing`)."""
         pending = self._completions()
         if not pending:
+            if self._pauses:
+                self.pause_failed()
             return
         now_mono = self._ctx.clock.monotonic()
         for done in pending:
@@ -323,6 +329,25 @@ class Runs:
             if kept:
                 with self._done_lock:  # ahead of those that returned since: older
                     self._done.extendleft(reversed(kept))
+        self.pause_failed()
+
+    def pause_failed(self) -> None:
+        """Pause the ``pause_on_failure`` jobs whose run ended failed (see :mod:`..pauses`);
+        a pause the store did not take is tried again at the next step."""
+        for job, reason in list(self._pauses.items()):
+            try:
+                newly = pause_for(self._ctx.gateway.store, reason)
+            except Exception as exc:  # the store failed: tried again at the next step
+                log.warning("anarchon: could not pause %s after its failure: %s", job, exc)
+                return
+            del self._pauses[job]
+            if newly:
+                self._ctx.emit(
+                    EventKind.PAUSED_ON_FAILURE,
+                    job=job,
+                    slot=Slot.from_id(reason.slot_id) if reason.slot_id else None,
+                    detail=reason.reason,
+                )
 
     def _send_ends(
         self,
@@ -400,6 +425,15 @@ class Runs:
                 token=run.token,
                 detail=self._end_detail(done, retry),
             )
+            if done.kind is EventKind.FAILED and rt.job.rules.pause_on_failure:
+                job = shown(runner.slot).job  # a backfill's failure pauses its job
+                self._pauses[job] = PauseReason(
+                    job,
+                    failed_reason(runner.slot.id, run.attempt),
+                    self._ctx.instance,
+                    self._ctx.clock.time(),
+                    runner.slot.id,
+                )
         else:
             run.mark_lost("finish refused: another instance holds the slot")
             self._ctx.emit(

@@ -14,6 +14,7 @@ import pytest
 from anarchon_core import Change, DispatchFailed, RunState, handoff
 from anarchon_core.decide import END_STATES
 from anarchon_core.handoff import ExecutionLease, Executions, HandOff, SkipWork, dispatch
+from anarchon_core.jobs import Rules
 from anarchon_core.stores.memory import MemoryStore
 from tests.waiting import wait_until
 
@@ -86,7 +87,9 @@ def _engine_and_run(sent: Sent, lease: float = 5.0) -> tuple[Any, Any]:
     engine = SimpleNamespace(
         namespace="ns",
         instance="beat:1",
-        job_named={"job": SimpleNamespace(options=SimpleNamespace(lease=lease))}.__getitem__,
+        job_named={
+            "job": SimpleNamespace(options=SimpleNamespace(lease=lease), rules=Rules())
+        }.__getitem__,
     )
     run = SimpleNamespace(
         job="job",
