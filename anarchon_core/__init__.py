@@ -19,7 +19,7 @@ from .errors import (
     UnknownJob,
 )
 from .events import Event, EventKind
-from .jobs import Job, JobOptions, Run
+from .jobs import Job, JobOptions, Overlap, Rules, Run
 from .scheduler import Scheduler
 from .schedules import Bounded, Cron, Every, Schedule, Upcoming, make_schedule, preview, slot_id
 from .store import (
@@ -66,7 +66,9 @@ __all__ = [
     "LeaseLost",
     "LeaseStore",
     "MissingDependency",
+    "Overlap",
     "Paused",
+    "Rules",
     "Run",
     "RunRecord",
     "RunState",
