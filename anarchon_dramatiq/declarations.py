@@ -1,10 +1,13 @@
 """Periodic actors' declarations: the ``schedule`` actor options, read and checked.
 
 An actor is periodic when it is declared with ``schedule=`` (a cron string,
-or :func:`every`), optionally ``schedule_timezone`` and per-actor overrides
+or :func:`every`), optionally ``schedule_timezone``, per-actor overrides
 of the middleware's defaults (``schedule_lease``, ``schedule_jitter``,
-``schedule_catch_up``). A declaration is checked as the engine will check
-the actor's job, so that a bad one fails at import, naming the actor.
+``schedule_catch_up``), the bounds of its slots (``schedule_start``,
+``schedule_end``) and how long a slot's message stays worth processing,
+counted from the slot's time (``schedule_expires``). A declaration is
+checked as the engine will check the actor's job, so that a bad one fails
+at import, naming the actor.
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ from typing import Any
 from dramatiq.middleware import MiddlewareError
 
 from anarchon_core import ConfigurationError, Job, JobOptions
+from anarchon_core.durations import parse_duration, within
 from anarchon_core.handoff import check_pickup
-from anarchon_core.schedules import make_schedule
+from anarchon_core.schedules import make_schedule, moment
 
 #: Actor option -> job option.
 OVERRIDES = {
@@ -26,8 +30,15 @@ OVERRIDES = {
     "schedule_jitter": "jitter",
     "schedule_catch_up": "catch_up",
 }
+#: Actor option -> bound of the schedule (slots from start to end, both included).
+BOUNDS = {"schedule_start": "start", "schedule_end": "end"}
+#: The actor option (and stored schedule's message option) of a slot's expiry:
+#: its message is dropped once this long past the slot's time.
+EXPIRES = "schedule_expires"
 #: The actor options that declare a periodic actor.
-OPTIONS = frozenset({"schedule", "schedule_timezone", *OVERRIDES})
+OPTIONS = frozenset({"schedule", "schedule_timezone", *OVERRIDES, *BOUNDS, EXPIRES})
+#: The shortest expiry: Dramatiq counts a message's age in whole milliseconds.
+MIN_EXPIRES = 0.001
 
 
 class ScheduleError(ConfigurationError, MiddlewareError):
@@ -63,23 +74,73 @@ class Periodic:
     cron: str | None
     timezone: str | None
     overrides: dict[str, Any] = field(default_factory=dict)
+    #: No slot before ``start``, none after ``end`` (aware UTC datetimes).
+    start: datetime | None = None
+    end: datetime | None = None
+    #: Seconds after its slot's time when a slot's message is dropped unprocessed.
+    expires: float | None = None
+
+
+def read_expires(value: Any, age_limited: bool) -> float:
+    """Seconds of ``schedule_expires`` (a number, a timedelta, ``"30s"``).
+
+    ``age_limited``: whether the broker has Dramatiq's ``AgeLimit`` middleware,
+    the one that drops expired messages (it is in Dramatiq's default stack).
+    """
+    seconds = within(
+        EXPIRES,
+        parse_duration(EXPIRES, value),
+        MIN_EXPIRES,
+        why="a message's age is counted in whole milliseconds",
+    )
+    if not age_limited:
+        raise ConfigurationError(
+            f"{EXPIRES}={value!r} needs Dramatiq's AgeLimit middleware on the broker"
+            " (in its default middleware): it is what drops an expired message"
+        )
+    return seconds
 
 
 def read_declaration(
-    name: str, options: Mapping[str, Any], defaults: JobOptions, pickup: float
+    name: str,
+    options: Mapping[str, Any],
+    defaults: JobOptions,
+    pickup: float,
+    *,
+    age_limited: bool = True,
 ) -> Periodic:
     """The periodic actor ``name`` declared with ``options`` (its ``schedule*`` options).
 
-    ``defaults`` and ``pickup`` are the middleware's. Raises
+    ``defaults`` and ``pickup`` are the middleware's; ``age_limited``: whether
+    the broker drops expired messages (see :func:`read_expires`). Raises
     :class:`ScheduleError` naming the actor.
     """
     try:
-        return _read(name, options, defaults, pickup)
+        return _read(name, options, defaults, pickup, age_limited)
     except ConfigurationError as exc:
         raise ScheduleError(f"actor {name!r}: {exc}") from None
 
 
-def _read(name: str, options: Mapping[str, Any], defaults: JobOptions, pickup: float) -> Periodic:
+def _bounds(options: Mapping[str, Any]) -> tuple[datetime | None, datetime | None]:
+    """``schedule_start`` and ``schedule_end`` as aware UTC datetimes (None if not given)."""
+    start, end = (
+        None if options.get(option) is None else moment(option, options[option])
+        for option in BOUNDS
+    )
+    if start is not None and end is not None and end < start:
+        raise ConfigurationError(
+            f"schedule_end={end.isoformat()} is before schedule_start={start.isoformat()}"
+        )
+    return start, end
+
+
+def _read(
+    name: str,
+    options: Mapping[str, Any],
+    defaults: JobOptions,
+    pickup: float,
+    age_limited: bool,
+) -> Periodic:
     value = options.get("schedule")
     if value is None:
         raise ConfigurationError(f"{', '.join(sorted(options))} given without schedule=")
@@ -96,7 +157,31 @@ def _read(name: str, options: Mapping[str, Any], defaults: JobOptions, pickup: f
     schedule = make_schedule(
         every=spec.every, cron=spec.cron, timezone=spec.timezone, anchor=spec.anchor
     )
+    start, end = _bounds(options)
+    if start is not None or end is not None:
+        try:
+            schedule = make_schedule(
+                every=spec.every,
+                cron=spec.cron,
+                timezone=spec.timezone,
+                anchor=spec.anchor,
+                start=start,
+                end=end,
+            )
+        except ConfigurationError as exc:  # no slot between them
+            raise ConfigurationError(f"schedule_start, schedule_end: {exc}") from None
     job_options = defaults.merged(**overrides)
     Job.check(name, schedule, job_options)
     check_pickup(pickup, job_options.lease)
-    return Periodic(name, spec.every, spec.anchor, spec.cron, spec.timezone, overrides)
+    expires = None if options.get(EXPIRES) is None else read_expires(options[EXPIRES], age_limited)
+    return Periodic(
+        name,
+        spec.every,
+        spec.anchor,
+        spec.cron,
+        spec.timezone,
+        overrides,
+        start=start,
+        end=end,
+        expires=expires,
+    )

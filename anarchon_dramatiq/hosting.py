@@ -9,6 +9,12 @@ hand-off ticket as the message option
 :data:`~anarchon_dramatiq.tracking.OPTION` (the worker's side is
 :mod:`anarchon_dramatiq.tracking`).
 
+A periodic actor declared with ``schedule_expires`` (a stored schedule: its
+message option ``schedule_expires``) sends each slot's message with
+Dramatiq's ``max_age`` option set to what is left of that expiry, counted
+from the slot's time (:func:`age_limit`): Dramatiq's ``AgeLimit`` middleware
+drops it in the worker once the slot is that old, however late it was sent.
+
 The ``dramatiq`` command forks several worker processes, each of which runs
 this middleware. Only one of them per command runs the scheduler: the one
 holding the pod lock (:mod:`anarchon_dramatiq.podlock`).
@@ -20,26 +26,31 @@ import logging
 import os
 import socket
 import threading
+import time
+from collections.abc import Mapping
+from datetime import timedelta
 from typing import Any
 
 import dramatiq.errors
 from dramatiq import Actor, Broker, Middleware, Worker
 from dramatiq.errors import ActorNotFound
+from dramatiq.middleware import AgeLimit
 
 from anarchon_core import AnarchonError, ConfigurationError, JobOptions, Run
 from anarchon_core import Scheduler as Engine
 from anarchon_core.control import Definition
 from anarchon_core.durations import Duration, parse_duration
-from anarchon_core.handoff import DEFAULT_PICKUP, HandOff, dispatch
+from anarchon_core.handoff import DEFAULT_PICKUP, PICKUP_MARGIN, HandOff, dispatch
 from anarchon_core.jobs import DISPATCH_JITTER
 from anarchon_core.metrics import Metrics
 from anarchon_core.names import check_namespace
 from anarchon_core.probes import OutageLog, ProbeServer, check_port, serve_beside
+from anarchon_core.schedules import EPOCH
 from anarchon_core.store import LeaseStore
 from anarchon_core.urls import redact
 
 from .broker_store import broker_store_url
-from .declarations import OPTIONS, Periodic, read_declaration
+from .declarations import EXPIRES, OPTIONS, Periodic, read_declaration, read_expires
 from .podlock import LOCK_RETRY, PodLock
 from .tracking import OPTION
 
@@ -65,6 +76,47 @@ def _broker_errors() -> tuple[type[BaseException], ...]:
 BROKER_ERRORS = _broker_errors()
 #: How often, in seconds, the hosting thread looks for a store that does not answer.
 OUTAGE_CHECK = 1.0
+
+
+def age_limit(slot_ms: int, sent_ms: int, expires: float, current: int | None = None) -> int:
+    """The ``max_age`` (ms) of the message of the slot at ``slot_ms``, created at ``sent_ms``.
+
+    Dramatiq's ``AgeLimit`` drops a message once ``max_age`` has passed since
+    its ``message_timestamp`` (``sent_ms``); this limit makes that moment the
+    slot's time plus ``expires`` seconds. A message created after that moment
+    gets a negative limit (how long ago it expired), which ``AgeLimit`` drops
+    whenever a worker takes it; one created at that very moment gets -1 ms, as
+    Dramatiq reads 0 as no limit. ``current``, the limit the message would
+    have without it (its own ``max_age`` option, the actor's, the
+    middleware's), still holds when it comes first.
+    """
+    left = slot_ms + round(expires * 1000) - sent_ms
+    if left == 0:
+        left = -1
+    return min(left, current) if current else left
+
+
+def expiring_pickup(pickup: float, slot_ms: int, now_ms: int, expires: float) -> float:
+    """How long the slot waits for a worker to pick up its message, sent at ``now_ms``.
+
+    ``pickup`` at most, and no longer than the message stays processable plus
+    a second (:data:`~anarchon_core.handoff.PICKUP_MARGIN`, for the clocks):
+    once expired, the message is dropped unprocessed, and a slot still held
+    then would only keep the actor's next slots from being sent.
+    """
+    left = max(0.0, (slot_ms + round(expires * 1000) - now_ms) / 1000)
+    return min(pickup, left + PICKUP_MARGIN)
+
+
+def _age_limited(broker: Broker) -> bool:
+    """Whether ``broker`` drops expired messages (Dramatiq's ``AgeLimit`` middleware)."""
+    return any(isinstance(m, AgeLimit) for m in broker.middleware)
+
+
+def _current_age_limit(broker: Broker, actor: Actor[..., Any], options: Mapping[str, Any]) -> Any:
+    """The ``max_age`` a message of ``actor`` with ``options`` has, as ``AgeLimit`` reads it."""
+    default = next((m.max_age for m in broker.middleware if isinstance(m, AgeLimit)), None)
+    return options.get("max_age") or actor.options.get("max_age", default)
 
 
 class SchedulerHost(Middleware):
@@ -135,7 +187,9 @@ class SchedulerHost(Middleware):
             self.periodic.pop(actor.actor_name, None)
             return
         name = actor.actor_name
-        self.periodic[name] = read_declaration(name, options, self.defaults, self.pickup)
+        self.periodic[name] = read_declaration(
+            name, options, self.defaults, self.pickup, age_limited=_age_limited(broker)
+        )
 
     # -- the scheduler --------------------------------------------------
 
@@ -154,12 +208,14 @@ class SchedulerHost(Middleware):
         )
         for spec in self.periodic.values():
             engine.add_job(
-                self._dispatcher(broker, engine, spec.actor_name),
+                self._dispatcher(broker, engine, spec.actor_name, expires=spec.expires),
                 name=spec.actor_name,
                 every=spec.every,
                 cron=spec.cron,
                 timezone=spec.timezone,
                 anchor=spec.anchor,
+                start=spec.start,
+                end=spec.end,
                 **spec.overrides,
             )
         return engine
@@ -183,9 +239,25 @@ class SchedulerHost(Middleware):
             options=dict(definition.options),
         )
 
-    def _dispatcher(self, broker: Broker, engine: Engine, name: str, **message: Any) -> Any:
+    def _dispatcher(
+        self,
+        broker: Broker,
+        engine: Engine,
+        name: str,
+        *,
+        expires: float | None = None,
+        **message: Any,
+    ) -> Any:
+        """The handler sending ``name``'s message. A stored schedule's ``schedule_expires``
+        message option is its expiry (checked now), not sent as a message option."""
+        options = message.get("options")
+        if options and EXPIRES in options:
+            options = dict(options)
+            expires = read_expires(options.pop(EXPIRES), _age_limited(broker))
+            message["options"] = options
+
         def dispatch(run: Run) -> None:
-            self.send(broker, engine, name, run, **message)
+            self.send(broker, engine, name, run, expires=expires, **message)
 
         dispatch.__name__ = f"send {name}"
         return dispatch
@@ -199,23 +271,48 @@ class SchedulerHost(Middleware):
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
         options: dict[str, Any] | None = None,
+        expires: float | None = None,
     ) -> None:
         """Send the actor's message for ``run``: its ``anarchon`` option names slot and attempt.
 
-        A broker that cannot be reached raises :class:`~anarchon_core.DispatchFailed`:
-        the slot is not failed but sent again by another attempt within its
-        catch-up window.
+        With ``expires`` (seconds), the message's ``max_age`` ends that long
+        after the slot's time (:func:`age_limit`; a backfill's slots, run late on
+        purpose, are sent without it). A broker that cannot be reached raises
+        :class:`~anarchon_core.DispatchFailed`: the slot is not failed but sent
+        again by another attempt within its catch-up window.
         """
         actor = broker.get_actor(name)
+        pickup = self.pickup
+        slot_ms: int | None = None
+        if expires is not None and run.key == run.job:
+            slot_ms = (run.slot - EPOCH) // timedelta(milliseconds=1)
+            now_ms = int(time.time() * 1000)
+            pickup = expiring_pickup(pickup, slot_ms, now_ms, expires)
+            late = (now_ms - slot_ms) / 1000 - expires
+            if late >= 0:
+                log.warning(
+                    "anarchon: %s attempt %d sent %.3fs past its expiry (%s=%gs):"
+                    " the workers drop its message",
+                    run.slot_id,
+                    run.attempt,
+                    late,
+                    EXPIRES,
+                    expires,
+                )
 
         def prepare(ticket: HandOff) -> Any:
             message_options = {**(options or {}), OPTION: ticket.to_message()}
-            return actor.message_with_options(args=args, kwargs=kwargs or {}, **message_options)
+            message = actor.message_with_options(args=args, kwargs=kwargs or {}, **message_options)
+            if slot_ms is None or expires is None:
+                return message
+            current = _current_age_limit(broker, actor, message_options)
+            max_age = age_limit(slot_ms, message.message_timestamp, expires, current)
+            return message.copy(options={**message.options, "max_age": max_age})
 
         dispatch(
             engine,
             run,
-            pickup=self.pickup,
+            pickup=pickup,
             tracked=isinstance(engine.store, LeaseStore),
             prepare=prepare,
             send=broker.enqueue,
