@@ -111,8 +111,15 @@ class HandOff:
         )
 
     def to_message(self) -> dict[str, Any]:
-        """The ticket as sent in a message (a Celery header, a Dramatiq option)."""
-        return asdict(self)
+        """The ticket as sent in a message (a Celery header, a Dramatiq option).
+
+        ``pause_on_failure`` is sent only when set: a ticket without it reads
+        the same in every release.
+        """
+        info = asdict(self)
+        if not self.pause_on_failure:
+            del info["pause_on_failure"]
+        return info
 
     @classmethod
     def from_message(cls, info: Mapping[str, Any]) -> HandOff:

@@ -104,7 +104,15 @@ def test_work_handed_off_that_ends_failed_pauses_the_job_from_the_worker() -> No
     lease.finish(RunState.FAILED)
     assert cluster.store.paused().jobs == ("send",)
     assert reasons(cluster.store)["send"].slot_id == ticket.slot_id
-    # An older ticket (sent by a release that did not know the rule) pauses nothing.
+    assert ticket.to_message()["pause_on_failure"] is True
+    # A ticket without the rule is sent as every release sends it (no such key), and one
+    # sent by a release that did not know the rule pauses nothing.
+    assert (
+        "pause_on_failure"
+        not in HandOff.from_message(
+            {**tickets[0].to_message(), "pause_on_failure": False}
+        ).to_message()
+    )
     assert not HandOff.from_message(
         {**tickets[0].to_message(), "pause_on_failure": None}
     ).pause_on_failure
