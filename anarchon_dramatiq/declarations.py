@@ -4,7 +4,8 @@ An actor is periodic when it is declared with ``schedule=`` (a cron string,
 or :func:`every`), optionally ``schedule_timezone``, per-actor overrides
 of the middleware's defaults (``schedule_lease``, ``schedule_jitter``,
 ``schedule_catch_up``), the bounds of its slots (``schedule_start``,
-``schedule_end``) and how long a slot's message stays worth processing,
+``schedule_end``), its rules (``schedule_overlap``, ``schedule_limit``,
+``schedule_pause_on_failure``) and how long a slot's message stays worth processing,
 counted from the slot's time (``schedule_expires``). A declaration is
 checked as the engine will check the actor's job, so that a bad one fails
 at import, naming the actor.
@@ -19,7 +20,7 @@ from typing import Any
 
 from dramatiq.middleware import MiddlewareError
 
-from anarchon_core import ConfigurationError, Job, JobOptions
+from anarchon_core import ConfigurationError, Job, JobOptions, Rules
 from anarchon_core.durations import parse_duration, within
 from anarchon_core.handoff import check_pickup
 from anarchon_core.schedules import make_schedule, moment
@@ -35,8 +36,14 @@ BOUNDS = {"schedule_start": "start", "schedule_end": "end"}
 #: The actor option (and stored schedule's message option) of a slot's expiry:
 #: its message is dropped once this long past the slot's time.
 EXPIRES = "schedule_expires"
+#: Actor option -> rule of the job (see anarchon_core.Rules).
+RULES = {
+    "schedule_overlap": "overlap",
+    "schedule_limit": "limit",
+    "schedule_pause_on_failure": "pause_on_failure",
+}
 #: The actor options that declare a periodic actor.
-OPTIONS = frozenset({"schedule", "schedule_timezone", *OVERRIDES, *BOUNDS, EXPIRES})
+OPTIONS = frozenset({"schedule", "schedule_timezone", *OVERRIDES, *BOUNDS, EXPIRES, *RULES})
 #: The shortest expiry: Dramatiq counts a message's age in whole milliseconds.
 MIN_EXPIRES = 0.001
 
@@ -79,6 +86,8 @@ class Periodic:
     end: datetime | None = None
     #: Seconds after its slot's time when a slot's message is dropped unprocessed.
     expires: float | None = None
+    #: The job's rules (``overlap``, ``limit``, ``pause_on_failure``), as given.
+    rules: dict[str, Any] = field(default_factory=dict)
 
 
 def read_expires(value: Any, age_limited: bool) -> float:
@@ -170,6 +179,11 @@ def _read(
             )
         except ConfigurationError as exc:  # no slot between them
             raise ConfigurationError(f"schedule_start, schedule_end: {exc}") from None
+    rules = {RULES[k]: v for k, v in options.items() if k in RULES and v is not None}
+    try:
+        Rules.build(**rules)
+    except ConfigurationError as exc:  # named as the actor option that set it
+        raise ConfigurationError(f"schedule_{exc}") from None
     job_options = defaults.merged(**overrides)
     Job.check(name, schedule, job_options)
     check_pickup(pickup, job_options.lease)
@@ -184,4 +198,5 @@ def _read(
         start=start,
         end=end,
         expires=expires,
+        rules=rules,
     )

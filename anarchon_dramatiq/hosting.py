@@ -217,6 +217,7 @@ class SchedulerHost(Middleware):
                 start=spec.start,
                 end=spec.end,
                 **spec.overrides,
+                **spec.rules,
             )
         return engine
 
