@@ -39,7 +39,6 @@ from celery.beat import ScheduleEntry
 from anarchon_core import ConfigurationError, DispatchFailed, Run
 from anarchon_core import Scheduler as Engine
 from anarchon_core.durations import parse_duration
-from anarchon_core.handoff import HandOff
 from anarchon_core.jobs import MAX_DEFAULT_CATCH_UP
 
 from .entries import ScheduledEntry
@@ -502,16 +501,12 @@ class DatabaseScheduler(Scheduler):
                     exc,
                 )
 
-    def _prepare(
-        self, job: ScheduledEntry, run: Run, engine: Engine, ticket: HandOff
-    ) -> tuple[ScheduleEntry, Any]:
-        sent, producer = super()._prepare(job, run, engine, ticket)
+    def _expiry(self, job: ScheduledEntry, run: Run) -> Any:
+        """A row's task expires as the row says (:func:`~anarchon_celery.rows.expiry`)."""
         row = getattr(job.entry, "row_schedule", None)
         if isinstance(row, RowSchedule):
-            expires = expiry(row, run.slot)
-            if expires is not None:
-                sent.options["expires"] = expires
-        return sent, producer
+            return expiry(row, run.slot)
+        return super()._expiry(job, run)
 
 
 def _caught_up(schedule: RowSchedule) -> RowSchedule:

@@ -64,7 +64,7 @@ def check_entry(
     if settings is None:
         return spec
     try:
-        options = settings.defaults.merged(**spec.overrides)
+        options = settings.defaults.merged(**spec.job_options)
         schedule = make_schedule(
             every=spec.every,
             cron=spec.cron,
@@ -72,6 +72,7 @@ def check_entry(
             anchor=None
             if spec.anchor is None
             else datetime.fromtimestamp(spec.anchor, timezone.utc),
+            **spec.bounds,
         )
         Job.check(spec.name, schedule, options)
         check_pickup(settings.pickup, options.lease, name="anarchon_pickup")

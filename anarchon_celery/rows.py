@@ -29,7 +29,7 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import Any
 
 from celery.schedules import crontab
@@ -37,7 +37,7 @@ from celery.schedules import crontab
 from anarchon_core import ConfigurationError
 from anarchon_core.schedules import MAX_INTERVAL
 
-from .schedules import Entry, cron_of
+from .schedules import Entry, cron_of, expires_at
 
 #: The periods of an ``IntervalSchedule``, in seconds.
 PERIODS = {
@@ -241,7 +241,7 @@ def read_row(row: Row) -> RowSchedule:
 def expiry(schedule: RowSchedule, slot: datetime) -> datetime | None:
     """The ``expires`` option of the task sent for ``slot``, if the row sets one."""
     if schedule.expire_seconds is not None:
-        return slot + timedelta(seconds=schedule.expire_seconds)
+        return expires_at(schedule.expire_seconds, slot)
     return schedule.expires
 
 

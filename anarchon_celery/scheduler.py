@@ -13,12 +13,13 @@ a won slot. Settings: :mod:`anarchon_celery.settings`. Stopping:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from celery import Celery, signals
@@ -29,14 +30,14 @@ from kombu.exceptions import OperationalError
 from anarchon_core import AnarchonError, ConfigurationError, Run
 from anarchon_core import Scheduler as Engine
 from anarchon_core.control import Definition
-from anarchon_core.handoff import DEFAULT_PICKUP, HandOff, dispatch
+from anarchon_core.handoff import DEFAULT_PICKUP, PICKUP_MARGIN, HandOff, dispatch
 from anarchon_core.probes import OutageLog, ProbeServer, serve_beside
 from anarchon_core.scheduler import MAX_SLEEP
 from anarchon_core.store import LeaseStore
 from anarchon_core.urls import redact
 
 from .entries import EntryJobs, ScheduledEntry, check_entry, entry_fields
-from .schedules import Entry, read_entry
+from .schedules import Entry, check_expires, expires_at, read_entry
 from .settings import BeatSettings, namespace_of, read_settings, store_url, timezone_of
 from .steps import Steps
 from .tracking import HEADER, WorkerCheck, task_id
@@ -66,6 +67,16 @@ def _sent_cause(exc: BaseException) -> BaseException:
     if isinstance(exc, SchedulingError):
         inner = exc.__cause__ or exc.__context__
     return inner if inner is not None else exc
+
+
+def _deadline(expires: Any) -> float | None:
+    """An ``expires`` option as Unix seconds, if it names an instant (aware, or ISO with offset)."""
+    if isinstance(expires, str):
+        with contextlib.suppress(ValueError):
+            expires = datetime.fromisoformat(expires.strip())
+    if not isinstance(expires, datetime) or expires.utcoffset() is None:
+        return None  # none, or a naive time: each worker reads it in its own time zone
+    return expires.timestamp()
 
 
 #: How many entry names the startup line lists at most.
@@ -418,6 +429,9 @@ class Scheduler(celery_beat.Scheduler):  # type: ignore[misc]
         return self._dispatcher(ScheduledEntry(entry, entry_fields(entry), spec), engine)
 
     def _dispatcher(self, job: ScheduledEntry, engine: Engine) -> Callable[[Run], None]:
+        # A stored entry's options are checked here, as beat_schedule's are when read.
+        check_expires(f"job {job.spec.name!r}", job.spec.options.get("expires"))
+
         def dispatch(run: Run) -> None:
             self.send(job, run, engine)
 
@@ -427,16 +441,33 @@ class Scheduler(celery_beat.Scheduler):  # type: ignore[misc]
     def send(self, job: ScheduledEntry, run: Run, engine: Engine) -> None:
         """Send ``job``'s task for ``run`` through beat's ``apply_entry``.
 
-        The task id and the ``anarchon`` header name the slot and the attempt. A
+        The task id and the ``anarchon`` header name the slot and the attempt;
+        an ``expires`` option counts from the slot's time (:meth:`_expiry`). A
         send that fails (beat's ``apply_entry`` only logs it) fails the slot,
         except when the broker could not be reached: then nothing was sent, and
         :class:`~anarchon_core.DispatchFailed` lets another attempt send it
         within the catch-up window (from whichever beat reaches the broker).
         """
+        pickup = self.pickup
+        deadline = _deadline(self._sent_expiry(job, run))
+        if deadline is not None:
+            # A task that reaches a worker after its expiry is dropped there: the
+            # slot waits for it no longer (the entry's next slots are not held up).
+            left = deadline - engine.clock.time()
+            pickup = min(pickup, max(0.0, left) + PICKUP_MARGIN)
+            if left <= 0:
+                log.warning(
+                    "anarchon: %s attempt %d sent %.3fs past its expiry (%s):"
+                    " the workers drop its task",
+                    run.slot_id,
+                    run.attempt,
+                    -left,
+                    datetime.fromtimestamp(deadline, timezone.utc).isoformat(),
+                )
         dispatch(
             engine,
             run,
-            pickup=self.pickup,
+            pickup=pickup,
             tracked=self.tracking,
             prepare=lambda ticket: self._prepare(job, run, engine, ticket),
             send=self._apply,
@@ -455,6 +486,11 @@ class Scheduler(celery_beat.Scheduler):  # type: ignore[misc]
         headers[HEADER] = ticket.to_message()
         options["headers"] = headers
         options["task_id"] = task_id(engine.namespace, run.slot_id, run.attempt)
+        expires = self._sent_expiry(job, run)
+        if expires is None:
+            options.pop("expires", None)
+        else:
+            options["expires"] = expires
         entry = job.entry
         sent_at = run.slot.astimezone(self.app.timezone)
         # This send's own entry (as beat's next(entry) builds it): its options are
@@ -469,6 +505,19 @@ class Scheduler(celery_beat.Scheduler):  # type: ignore[misc]
         )
         entry.last_run_at, entry.total_run_count = sent_at, sent.total_run_count
         return sent, self.producer
+
+    def _expiry(self, job: ScheduledEntry, run: Run) -> Any:
+        """The ``expires`` option of ``run``'s task, counted from its slot (None: none).
+
+        A number of seconds or a ``timedelta`` counts from the slot's time, so
+        that a slot sent late (a catch-up, a takeover) is dropped by the worker
+        once it is that old; a datetime is kept as it is.
+        """
+        return expires_at(job.spec.options.get("expires"), run.slot)
+
+    def _sent_expiry(self, job: ScheduledEntry, run: Run) -> Any:
+        """:meth:`_expiry`, except for a backfill: it runs past slots on purpose, unexpiring."""
+        return None if run.key != run.job else self._expiry(job, run)
 
     def _apply(self, prepared: tuple[ScheduleEntry, Any]) -> None:
         """Send through beat's ``apply_entry``, which only logs a failure: raise it here."""

@@ -15,25 +15,34 @@ that overrides how its due times are computed (``is_due``,
 other type.
 
 Per-entry overrides of the ``anarchon_*`` settings go in the entry's
-``options`` (``anarchon_lease``, ``anarchon_jitter``, ``anarchon_catch_up``)
-and are removed before the task is sent.
+``options`` (``anarchon_lease``, ``anarchon_jitter``, ``anarchon_catch_up``),
+with the bounds of its slots (``anarchon_start``, ``anarchon_end``: aware
+datetimes or ISO 8601 strings with an offset, both included); all are removed
+before the task is sent. The ``expires`` option, when a number of seconds or a
+``timedelta``, counts from each slot's time (:func:`expires_at`), not from the
+send: a slot sent late expires as it would have on time.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import timedelta
-from typing import Any
+from datetime import datetime, timedelta
+from typing import Any, overload
 
 from celery.beat import ScheduleEntry
 from celery.schedules import BaseSchedule, crontab, schedule, solar
 
 from anarchon_core import ConfigurationError
 from anarchon_core.names import check_name
+from anarchon_core.schedules import moment
 
-#: Entry options read by anarchon and not passed on to ``apply_async``.
-OVERRIDES = ("lease", "jitter", "catch_up")
+#: Entry options read by anarchon (``anarchon_<name>``) and not passed on to ``apply_async``.
+OVERRIDES = ("lease", "jitter", "catch_up", "start", "end")
+#: The overrides that bound the job's slots (``Scheduler.add_job(start=, end=)``), not job options.
+BOUNDS = ("start", "end")
+#: The longest ``expires`` in seconds after the slot (beyond it, a datetime is clearer).
+MAX_EXPIRES = 100 * 365 * 86400.0
 
 #: Methods whose override changes when a schedule is due: such a subclass is refused.
 _DUE_METHODS = {
@@ -66,9 +75,21 @@ class Entry:
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
+    #: The ``anarchon_*`` options, without their prefix: the job's options as given,
+    #: ``start`` and ``end`` as aware UTC datetimes.
     overrides: dict[str, Any] = field(default_factory=dict)
     #: Unix seconds of an ``every`` grid's anchor (None: the Unix epoch).
     anchor: float | None = None
+
+    @property
+    def job_options(self) -> dict[str, Any]:
+        """The overrides of the job's options (``lease``, ``jitter``, ``catch_up``)."""
+        return {k: v for k, v in self.overrides.items() if k not in BOUNDS}
+
+    @property
+    def bounds(self) -> dict[str, datetime]:
+        """``start`` and ``end``, those set."""
+        return {k: v for k, v in self.overrides.items() if k in BOUNDS}
 
 
 def read_entry(name: str, raw: Mapping[str, Any], app_timezone: str, where: str = "") -> Entry:
@@ -137,7 +158,71 @@ def _read(
             f"{where}: unknown option(s) {', '.join(unknown)};"
             f" known: {', '.join('anarchon_' + k for k in OVERRIDES)}"
         )
+    _bounds(where, overrides)
+    check_expires(where, options.get("expires"))
     return Entry(name, task, every, cron, timezone, tuple(args), dict(kwargs), options, overrides)
+
+
+def _bounds(where: str, overrides: dict[str, Any]) -> None:
+    """``start`` and ``end`` of ``overrides`` read in place as aware UTC datetimes."""
+    for bound in BOUNDS:
+        if bound in overrides:
+            try:
+                overrides[bound] = moment(f"anarchon_{bound}", overrides[bound])
+            except ConfigurationError as exc:
+                raise ConfigurationError(f"{where}: {exc}") from None
+    start, end = overrides.get("start"), overrides.get("end")
+    if start is not None and end is not None and end < start:
+        raise ConfigurationError(
+            f"{where}: anarchon_end={end.isoformat()} is before anarchon_start={start.isoformat()}"
+        )
+
+
+def check_expires(where: str, expires: Any) -> None:
+    """Refuse an ``expires`` option that :func:`expires_at` cannot read, naming ``where``."""
+    if expires is None or isinstance(expires, datetime):
+        return
+    if isinstance(expires, str):
+        try:
+            datetime.fromisoformat(expires.strip())
+        except ValueError:
+            raise ConfigurationError(
+                f"{where}: expires={expires!r}: a string must be an ISO 8601 date and time;"
+                " for a number of seconds after the slot's time, give a number"
+            ) from None
+        return
+    if isinstance(expires, timedelta):
+        seconds = expires.total_seconds()
+    elif isinstance(expires, (int, float)) and not isinstance(expires, bool):
+        seconds = float(expires)
+    else:
+        raise ConfigurationError(
+            f"{where}: expires={expires!r}: expected a number of seconds after the slot's"
+            " time, a timedelta or a datetime"
+        )
+    if not 0 < seconds < MAX_EXPIRES:
+        raise ConfigurationError(
+            f"{where}: expires={expires!r}: seconds after the slot's time must be positive"
+            " (and under 100 years)"
+        )
+
+
+@overload
+def expires_at(expires: float | timedelta | datetime, slot: datetime) -> datetime: ...
+@overload
+def expires_at(expires: Any, slot: datetime) -> Any: ...
+def expires_at(expires: Any, slot: datetime) -> Any:
+    """The ``expires`` of the task sent for ``slot``: absolute, whenever it is sent.
+
+    A number of seconds or a ``timedelta`` counts from the slot's time (stock
+    Celery counts it from the send, which a late send would push back); a
+    datetime, or an ISO 8601 string, is kept as it is; None stays None.
+    """
+    if isinstance(expires, timedelta):
+        return slot + expires
+    if isinstance(expires, (int, float)) and not isinstance(expires, bool):
+        return slot + timedelta(seconds=expires)
+    return expires
 
 
 def _field(value: Any) -> str:
