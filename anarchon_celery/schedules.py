@@ -16,7 +16,8 @@ other type.
 
 Per-entry overrides of the ``anarchon_*`` settings go in the entry's
 ``options`` (``anarchon_lease``, ``anarchon_jitter``, ``anarchon_catch_up``),
-with the bounds of its slots (``anarchon_start``, ``anarchon_end``: aware
+with the job's rules (``anarchon_overlap``, ``anarchon_limit``,
+``anarchon_pause_on_failure``) and the bounds of its slots (``anarchon_start``, ``anarchon_end``: aware
 datetimes or ISO 8601 strings with an offset, both included); all are removed
 before the task is sent. The ``expires`` option, when a number of seconds or a
 ``timedelta``, counts from each slot's time (:func:`expires_at`), not from the
@@ -33,14 +34,18 @@ from typing import Any, overload
 from celery.beat import ScheduleEntry
 from celery.schedules import BaseSchedule, crontab, schedule, solar
 
-from anarchon_core import ConfigurationError
+from anarchon_core import ConfigurationError, Rules
 from anarchon_core.names import check_name
 from anarchon_core.schedules import moment
 
 #: Entry options read by anarchon (``anarchon_<name>``) and not passed on to ``apply_async``.
-OVERRIDES = ("lease", "jitter", "catch_up", "start", "end")
+OVERRIDES = (
+    "lease", "jitter", "catch_up", "start", "end", "overlap", "limit", "pause_on_failure",
+)  # fmt: skip
 #: The overrides that bound the job's slots (``Scheduler.add_job(start=, end=)``), not job options.
 BOUNDS = ("start", "end")
+#: The overrides that are the job's rules (``overlap``, ``limit``, ``pause_on_failure``).
+RULES = ("overlap", "limit", "pause_on_failure")
 #: The longest ``expires`` in seconds after the slot (beyond it, a datetime is clearer).
 MAX_EXPIRES = 100 * 365 * 86400.0
 
@@ -84,7 +89,12 @@ class Entry:
     @property
     def job_options(self) -> dict[str, Any]:
         """The overrides of the job's options (``lease``, ``jitter``, ``catch_up``)."""
-        return {k: v for k, v in self.overrides.items() if k not in BOUNDS}
+        return {k: v for k, v in self.overrides.items() if k not in BOUNDS and k not in RULES}
+
+    @property
+    def rules(self) -> dict[str, Any]:
+        """The job's rules set (``overlap``, ``limit``, ``pause_on_failure``)."""
+        return {k: v for k, v in self.overrides.items() if k in RULES}
 
     @property
     def bounds(self) -> dict[str, datetime]:
@@ -159,6 +169,10 @@ def _read(
             f" known: {', '.join('anarchon_' + k for k in OVERRIDES)}"
         )
     _bounds(where, overrides)
+    try:
+        Rules.build(**{k: v for k, v in overrides.items() if k in RULES})
+    except ConfigurationError as exc:  # named as the entry option that set it
+        raise ConfigurationError(f"{where}: anarchon_{exc}") from None
     check_expires(where, options.get("expires"))
     return Entry(name, task, every, cron, timezone, tuple(args), dict(kwargs), options, overrides)
 

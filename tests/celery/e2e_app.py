@@ -86,6 +86,13 @@ def work(self: Any, entry: str, seconds: float) -> None:
     _work(self, entry, seconds)
 
 
+@app.task(name="e2e.broken", bind=True)
+def broken(self: Any, entry: str, seconds: float) -> None:
+    """Works, then fails: every run ends failed."""
+    _work(self, entry, seconds)
+    raise RuntimeError(f"{entry} is broken")
+
+
 @app.task(name="e2e.flaky", bind=True, max_retries=1)
 def flaky(self: Any, entry: str, seconds: float) -> None:
     """Works, then asks for one retry (a second later), then works again and succeeds."""
