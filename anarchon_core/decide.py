@@ -16,8 +16,9 @@ table with random sequences of operations, so there is one rule to read:
 step          wins (writes) when                              else
 ============  ==============================================  ======================
 claim         no record, or an older slot whose run ended     paused, taken, stale,
-              or whose lease lapsed (also a dispatched run    busy (:func:`refusal`)
-              never picked up); not paused
+              or whose lease lapsed (also a dispatched run    ended, busy (in that
+              never picked up); not paused; fewer claims      order; :func:`refusal`)
+              won than the request's limit
 takeover      the record holds this slot and token, and is    taken
               ``released``, or ``running`` with a lapsed
               lease
@@ -143,16 +144,26 @@ def claim(
     now: float,
     *,
     paused: bool = False,
+    limit: int | None = None,
+    claims: int = 0,
 ) -> Decision[Claim]:
     """Claim ``slot_ms`` of ``job`` for ``owner``, the lease ``lease`` seconds from ``now``.
 
     A won claim is attempt 1 with the previous token + 1 (1 for a new job);
     the previous attempt, if its run still held the slot, is abandoned.
+    ``claims`` is the job's count of claims won so far
+    (:attr:`~anarchon_core.store.JobStats.claims`): once it reaches ``limit``
+    the claim is **ended**, unless it is taken or stale (ended comes before
+    busy: a job that ran its limit has no slot left to overlap).
     """
     current = old.view(now) if old is not None else None
     if paused:
         return Decision(Claim(ClaimStatus.PAUSED, current))
     refused = refusal(slot_ms, current)
+    if refused is not None and refused.status is not ClaimStatus.BUSY:
+        return Decision(refused)
+    if limit is not None and claims >= limit:
+        return Decision(Claim(ClaimStatus.ENDED, current))
     if refused is not None:
         return Decision(refused)
     token = old.token + 1 if old is not None else 1

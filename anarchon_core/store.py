@@ -52,7 +52,7 @@ import abc
 import enum
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from .errors import BatchRefused, ConfigurationError
@@ -80,6 +80,8 @@ class ClaimStatus(str, enum.Enum):
     STALE = "stale"
     #: The job, or its whole namespace, is paused (:meth:`Store.pause`): nothing written.
     PAUSED = "paused"
+    #: The job has run its limit of slots (:attr:`ClaimRequest.limit`): nothing written.
+    ENDED = "ended"
 
 
 class RunState(str, enum.Enum):
@@ -154,11 +156,18 @@ class Claim:
 
 @dataclass(frozen=True)
 class ClaimRequest:
-    """One entry of a batched claim."""
+    """One entry of a batched claim.
+
+    ``limit``: the most claims of the job that may ever win (None: no limit),
+    judged by the store's own count of them (:meth:`JobStats.claims`): once it
+    has reached ``limit``, a claim that would win answers **ended**
+    (see :meth:`Store.claim_many`).
+    """
 
     job: str
     slot_ms: int
     lease: float
+    limit: int | None = None
 
 
 @dataclass(frozen=True)
@@ -197,6 +206,11 @@ class JobStats:
     #: When the last run finished ``done`` / ``failed``, store-clock Unix seconds.
     last_success: float | None
     last_failure: float | None
+
+    @property
+    def claims(self) -> int:
+        """Claims won: the slots started, takeovers left out (what a job's limit counts)."""
+        return self.runs - self.takeovers
 
 
 @dataclass(frozen=True)
@@ -270,6 +284,26 @@ def refusal(slot_ms: int, holder: JobState | None) -> Claim | None:
     if holder.held:
         return Claim(ClaimStatus.BUSY, holder)
     return None
+
+
+def refused(
+    slot_ms: int, holder: JobState | None, *, paused: bool = False, ended: bool = False
+) -> Claim:
+    """The answer to a claim of ``slot_ms`` that the server refused (wrote nothing for);
+    ``holder``, and whether the job is ``paused`` and its limit reached (``ended``),
+    read in the same atomic step.
+
+    **paused** first; then **taken** or **stale** by the holder's slot; then
+    **ended**; else as :func:`lost`. The order of :func:`anarchon_core.decide.claim`.
+    """
+    if paused:
+        return Claim(ClaimStatus.PAUSED, holder)
+    answer = refusal(slot_ms, holder)
+    if answer is not None and answer.status is not ClaimStatus.BUSY:
+        return answer
+    if ended:
+        return Claim(ClaimStatus.ENDED, holder)
+    return lost(slot_ms, holder)
 
 
 def lost(slot_ms: int, holder: JobState | None) -> Claim:
@@ -411,7 +445,13 @@ class Store(abc.ABC):
         - the job or its namespace is paused (:meth:`pause`), whatever the
           record: **paused**, nothing written. The pause is read in the same
           atomic step as the claim's write (each store says how), so a claim
-          begun after :meth:`pause` returned never wins.
+          begun after :meth:`pause` returned never wins;
+        - the request carries a ``limit`` and the job's claims won so far
+          (:attr:`JobStats.claims`: takeovers are not counted) have reached
+          it: **ended**, nothing written, unless the answer is taken or stale
+          (which come first; ended comes before busy). The count is read in
+          the same atomic step, so however many instances race, at most
+          ``limit`` claims of the job ever win.
 
         The decisions are :func:`anarchon_core.decide.claim`. Tokens rise with
         every claim and takeover of a job and never repeat, so they serve as
@@ -421,9 +461,11 @@ class Store(abc.ABC):
         Refusals and outages are answered as the module docstring says.
         """
 
-    def claim(self, job: str, slot_ms: int, owner: str, lease: float) -> Claim:
+    def claim(
+        self, job: str, slot_ms: int, owner: str, lease: float, limit: int | None = None
+    ) -> Claim:
         """One claim (:meth:`claim_many`); a refusal raises the store's own error."""
-        return _one(lambda: self.claim_many([ClaimRequest(job, slot_ms, lease)], owner))
+        return _one(lambda: self.claim_many([ClaimRequest(job, slot_ms, lease, limit)], owner))
 
     @abc.abstractmethod
     def states(self, jobs: Iterable[str]) -> dict[str, JobState]:
@@ -746,3 +788,119 @@ class ClaimOnlyStore(Store):
     def namespaces(self) -> list[str]:
         """Empty: no job record is kept."""
         return []
+
+
+# -- one-off runs (OnceStore) ----------------------------------------------------
+
+#: The most one-off entries one read answers (:meth:`OnceStore.once_due`).
+MAX_ONCE_READ = 10_000
+#: The largest value of a one-off entry, in bytes of JSON.
+MAX_ONCE_VALUE = 1024
+#: The latest due time of a one-off, in Unix milliseconds (the year 9999 begins).
+MAX_ONCE_MS = 253_370_764_800_000
+
+
+@dataclass(frozen=True, order=True)
+class OnceEntry:
+    """One pending one-off run: the slot of ``job`` at ``due_ms`` (Unix milliseconds).
+
+    Entries sort by due time, then job name: the order every read answers them in,
+    and the cursor of :meth:`OnceStore.once_due` (:attr:`key`).
+    """
+
+    due_ms: int
+    job: str
+    #: A small JSON object: who asked for it, and when (shown by status, never run).
+    value: str = field(default="{}", compare=False)
+
+    @property
+    def key(self) -> tuple[int, str]:
+        """Its place among the entries: (due time, job)."""
+        return self.due_ms, self.job
+
+
+class OnceStore(Store):
+    """A store that keeps one-off runs: a set of (job, due time) entries indexed by due time.
+
+    The engine reads the entries due with one read of that index per poll
+    (:meth:`once_due`), whatever the number pending later; what makes a one-off
+    run once is the claim of its slot on the job's own record, as for any slot.
+    The public methods check their arguments and call the ``_`` methods the store
+    implements, each one atomic step on the server.
+    """
+
+    def add_once(self, entries: Sequence[OnceEntry]) -> None:
+        """Add ``entries``; one already there (same job and due time) takes the new value.
+
+        Idempotent: adding an entry again changes nothing but its value. Each
+        entry is written in one atomic step; the batch as a whole is not atomic.
+        """
+        for entry in entries:
+            check_name(entry.job)
+            _check_due(entry.due_ms)
+            if len(entry.value.encode()) > MAX_ONCE_VALUE or not entry.value.startswith("{"):
+                raise ValueError(
+                    f"one-off {entry.job!r}: its value is a JSON object of at most"
+                    f" {MAX_ONCE_VALUE} bytes"
+                )
+        if entries:
+            self._add_once(list(entries))
+
+    def once_due(
+        self, until_ms: int, limit: int = 500, after: tuple[int, str] | None = None
+    ) -> list[OnceEntry]:
+        """The entries due at or before ``until_ms``, oldest first (then by job), at most
+        ``limit``; with ``after`` (an entry's :attr:`OnceEntry.key`), those after it only.
+
+        One read of the store's index on the due time: its cost grows with the
+        entries answered, not with those pending later.
+        """
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_ONCE_READ:
+            raise ValueError(f"limit={limit!r}: 1 to {MAX_ONCE_READ} entries")
+        return self._once_due(int(until_ms), limit, after)
+
+    def remove_once(self, job: str, due_ms: int) -> bool:
+        """Remove the entry of ``job`` due at ``due_ms``; ``False`` if it was not there."""
+        return self._remove_once(check_name(job), int(due_ms))
+
+    def pending_once(self, job: str | None = None, limit: int = 100) -> list[OnceEntry]:
+        """The pending entries (of ``job``, or of every job), oldest first, at most ``limit``."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_ONCE_READ:
+            raise ValueError(f"limit={limit!r}: 1 to {MAX_ONCE_READ} entries")
+        return self._pending_once(None if job is None else check_name(job), limit)
+
+    @abc.abstractmethod
+    def _add_once(self, entries: list[OnceEntry]) -> None:
+        """:meth:`add_once`, its entries checked."""
+
+    @abc.abstractmethod
+    def _once_due(
+        self, until_ms: int, limit: int, after: tuple[int, str] | None
+    ) -> list[OnceEntry]:
+        """:meth:`once_due`, its arguments checked."""
+
+    @abc.abstractmethod
+    def _remove_once(self, job: str, due_ms: int) -> bool:
+        """:meth:`remove_once`, its arguments checked."""
+
+    @abc.abstractmethod
+    def _pending_once(self, job: str | None, limit: int) -> list[OnceEntry]:
+        """:meth:`pending_once`, its arguments checked."""
+
+
+def onces(store: Store) -> OnceStore:
+    """``store`` as a :class:`OnceStore`, or a ConfigurationError saying why it is none."""
+    if not isinstance(store, OnceStore):
+        raise ConfigurationError(
+            f"{type(store).__name__} keeps no one-off runs: a one-off is kept in the store"
+            " until its time (and caught up after a restart of every instance), which needs a"
+            " store that keeps records (Redis, Valkey, PostgreSQL, MySQL, SQLite, libSQL or"
+            " NATS)"
+        )
+    return store
+
+
+def _check_due(due_ms: object) -> int:
+    if isinstance(due_ms, bool) or not isinstance(due_ms, int) or not 0 <= due_ms < MAX_ONCE_MS:
+        raise ValueError(f"due_ms={due_ms!r}: Unix milliseconds from 1970 to 9999")
+    return due_ms

@@ -31,7 +31,7 @@ def _drop_redis(url: str, namespace: str) -> None:
     client = redis.Redis.from_url(url.replace("valkey", "redis", 1), socket_timeout=3)
     try:
         keys = list(client.scan_iter(match=f"anarchon:{{{namespace}/*", count=1000))
-        parts = ("jobs", "instances", "seen", "paused", "controls")
+        parts = ("jobs", "instances", "seen", "paused", "controls", "once", "once:v")
         keys += [f"anarchon:{{{namespace}}}:{part}" for part in parts]
         client.delete(*keys)
     finally:
@@ -47,7 +47,7 @@ def _drop_postgres(url: str, namespace: str) -> None:
     with psycopg.connect(url, autocommit=True, connect_timeout=3) as conn:
         conn.execute(
             f'DROP TABLE IF EXISTS "{prefix}_runs", "{prefix}_jobs", "{prefix}_instances",'
-            f' "{prefix}_paused", "{prefix}_controls", "{prefix}_stats" CASCADE'
+            f' "{prefix}_paused", "{prefix}_controls", "{prefix}_stats", "{prefix}_once" CASCADE'
         )
         conn.execute(f'DROP FUNCTION IF EXISTS "{prefix}_log"() CASCADE')
 
@@ -58,7 +58,7 @@ def _drop_mysql(url: str, namespace: str) -> None:
 
     store = MySQLStore.from_url(url, namespace=namespace, timeout=3)
     prefix = table_prefix(namespace)
-    parts = ("jobs", "runs", "stats", "paused", "controls", "instances")
+    parts = ("jobs", "runs", "stats", "paused", "controls", "instances", "once")
     conn = store._open()
     try:
         with conn.cursor() as cur:
@@ -75,6 +75,9 @@ async def _drop_nats(url: str, namespace: str) -> None:
 
     client = await nats.connect(url, connect_timeout=2, max_reconnect_attempts=0)
     try:
-        await client.jetstream().delete_key_value(bucket_name(namespace))
+        js = client.jetstream()
+        with contextlib.suppress(Exception):  # a namespace that had no one-off has no stream
+            await js.delete_stream("ONCE_" + bucket_name(namespace))
+        await js.delete_key_value(bucket_name(namespace))
     finally:
         await client.close()

@@ -150,12 +150,17 @@ _RETURNING = f"RETURNING job, slot_ms, owner, attempt, token, state, lease_until
 #: A claim of a job paused by name or with its namespace writes nothing.
 PAUSED = "SELECT 1 FROM anarchon_paused WHERE namespace = :ns AND job IN (:job, '')"
 
+#: A claim of a job whose claims won (runs less takeovers) reached its limit writes
+#: nothing (with no limit, ``:most`` is NULL and nothing is found).
+ENDED = """SELECT 1 FROM anarchon_stats WHERE namespace = :ns AND job = :job
+    AND runs - takeovers >= :most"""
+
 #: Won if a row comes back. Conflicts update only an older slot whose run
-#: ended or whose lease lapsed; a paused job inserts no row to conflict with.
+#: ended or whose lease lapsed; a paused or ended job inserts no row to conflict with.
 CLAIM = f"""
 INSERT INTO anarchon_jobs (namespace, job, slot_ms, owner, attempt, token, state, lease_until)
 SELECT :ns, :job, :slot, :owner, 1, 1, 'running', {NOW} + :lease
-WHERE NOT EXISTS ({PAUSED})
+WHERE NOT EXISTS ({PAUSED}) AND NOT EXISTS ({ENDED})
 ON CONFLICT (namespace, job) DO UPDATE SET
     slot_ms = excluded.slot_ms, owner = excluded.owner, attempt = 1, token = token + 1,
     state = 'running', lease_until = excluded.lease_until
@@ -247,3 +252,28 @@ INSTANCES = f"""
 SELECT instance, info, {NOW} - seen_at, expires_at - {NOW} FROM anarchon_instances
 WHERE namespace = :ns AND expires_at > {NOW} ORDER BY instance
 """
+
+
+# -- one-off runs: a table whose key, (namespace, due time, job), is the index read ----
+
+#: Made at the first one-off call (idempotent), beside the tables of an older release.
+ONCE_SCHEMA = [
+    """CREATE TABLE IF NOT EXISTS anarchon_once (
+        namespace TEXT NOT NULL,
+        due_ms INTEGER NOT NULL,
+        job TEXT NOT NULL,
+        value TEXT NOT NULL,
+        PRIMARY KEY (namespace, due_ms, job)
+    ) WITHOUT ROWID""",
+]
+ONCE_ADD = """INSERT INTO anarchon_once VALUES (:ns, :due, :job, :value)
+ON CONFLICT (namespace, due_ms, job) DO UPDATE SET value = excluded.value"""
+#: The entries due, after a cursor (``:from``, ``:after``; -1 and '' for none), in order:
+#: a range of the table's key.
+ONCE_DUE = """SELECT due_ms, job, value FROM anarchon_once
+WHERE namespace = :ns AND due_ms <= :until AND due_ms >= :from
+  AND (due_ms > :from OR job > :after)
+ORDER BY due_ms, job LIMIT :limit"""
+ONCE_REMOVE = "DELETE FROM anarchon_once WHERE namespace = :ns AND due_ms = :due AND job = :job"
+ONCE_PENDING = """SELECT due_ms, job, value FROM anarchon_once
+WHERE namespace = :ns AND (:job = '' OR job = :job) ORDER BY due_ms, job LIMIT :limit"""

@@ -7,6 +7,7 @@ share slots between processes.
 
 from __future__ import annotations
 
+import bisect
 import threading
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -29,6 +30,8 @@ from ..store import (
     JobState,
     JobStats,
     LeaseStore,
+    OnceEntry,
+    OnceStore,
     RegistryStore,
     RunRecord,
     RunState,
@@ -39,7 +42,7 @@ from ..urls import url_options
 A = TypeVar("A")
 
 
-class MemoryStore(LeaseStore, RegistryStore, ControlStore):
+class MemoryStore(LeaseStore, RegistryStore, ControlStore, OnceStore):
     """The store contract kept in a dict. ``clock`` plays the server's clock.
 
     Each step applies the decision of :mod:`anarchon_core.decide` under the lock.
@@ -60,6 +63,9 @@ class MemoryStore(LeaseStore, RegistryStore, ControlStore):
         #: Control entries: key -> (version, value).
         self._entries: dict[str, tuple[int, str]] = {}
         self._versions = 0
+        #: One-off runs: (due ms, job) -> value, and their keys in order (the index).
+        self._once: dict[tuple[int, str], str] = {}
+        self._once_order: list[tuple[int, str]] = []
 
     @classmethod
     def from_url(cls, url: str, *, namespace: str, **options: Any) -> MemoryStore:
@@ -107,7 +113,18 @@ class MemoryStore(LeaseStore, RegistryStore, ControlStore):
             for r in requests:
                 paused = bool(self._paused & {r.job, NAMESPACE_PAUSE})
                 old = self._records.get(r.job)
-                step = decide.claim(old, r.job, r.slot_ms, owner, r.lease, now, paused=paused)
+                counts = self._counts.get(r.job, [0, 0])
+                step = decide.claim(
+                    old,
+                    r.job,
+                    r.slot_ms,
+                    owner,
+                    r.lease,
+                    now,
+                    paused=paused,
+                    limit=r.limit,
+                    claims=counts[0] - counts[1],
+                )
                 claims.append(self._apply(r.job, step, now))
             return claims
 
@@ -210,3 +227,34 @@ class MemoryStore(LeaseStore, RegistryStore, ControlStore):
             self._instance_record((name, info, now - seen, until - now))
             for name, (info, seen, until) in sorted(self._registry.items())
         ]
+
+    # -- one-off runs: a sorted list of (due ms, job) beside a dict of values ----------
+
+    def _add_once(self, entries: list[OnceEntry]) -> None:
+        with self._lock:
+            for entry in entries:
+                if entry.key not in self._once:
+                    bisect.insort(self._once_order, entry.key)
+                self._once[entry.key] = entry.value
+
+    def _once_due(
+        self, until_ms: int, limit: int, after: tuple[int, str] | None
+    ) -> list[OnceEntry]:
+        with self._lock:
+            order = self._once_order
+            start = 0 if after is None else bisect.bisect_right(order, after)
+            end = bisect.bisect_left(order, (until_ms + 1, ""), lo=start)
+            keys = order[start : min(end, start + limit)]
+            return [OnceEntry(*key, self._once[key]) for key in keys]
+
+    def _remove_once(self, job: str, due_ms: int) -> bool:
+        with self._lock:
+            if self._once.pop((due_ms, job), None) is None:
+                return False
+            del self._once_order[bisect.bisect_left(self._once_order, (due_ms, job))]
+            return True
+
+    def _pending_once(self, job: str | None, limit: int) -> list[OnceEntry]:
+        with self._lock:
+            keys = [key for key in self._once_order if job is None or key[1] == job][:limit]
+            return [OnceEntry(*key, self._once[key]) for key in keys]

@@ -26,7 +26,8 @@ tables is enough, on managed servers with binary logging too.
 Each write step is one transaction holding the row locks it needs: it locks
 the jobs' rows (``SELECT ... FOR UPDATE``, in key order, so two batches cannot
 deadlock), applies the decision table of :mod:`anarchon_core.decide` to them
-with the server's ``now`` read after the locks, and writes the records, the
+with the server's ``now`` (and, for claims with a limit, the jobs' counts of
+claims won) read after the locks, and writes the records, the
 history and the counts it says, then commits: two round trips per batch,
 whatever its size, the second one the writes and ``COMMIT`` together. A claim
 that finds no row inserts one with a plain ``INSERT``: a concurrent claim of
@@ -52,7 +53,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 from urllib.parse import unquote, urlsplit
 
 import pymysql
@@ -75,6 +76,8 @@ from ..store import (
     JobState,
     JobStats,
     LeaseStore,
+    OnceEntry,
+    OnceStore,
     RegistryStore,
     RunRecord,
     RunState,
@@ -150,6 +153,7 @@ _STATEMENTS = {
     "lock": f"SELECT {_RECORD} FROM `{{jobs}}` WHERE job IN ({{marks}}) ORDER BY job FOR UPDATE",
     "now": f"SELECT {_NOW}",
     "paused_of": "SELECT job FROM `{paused}` WHERE job IN ({marks}) OR job = ''",
+    "claims_of": "SELECT job, runs - takeovers FROM `{stats}` WHERE job IN ({marks})",
     "insert": f"INSERT INTO `{{jobs}}` ({_RECORD}) VALUES {{rows}}",
     "replace": f"""INSERT INTO `{{jobs}}` ({_RECORD}) VALUES {{rows}}
         ON DUPLICATE KEY UPDATE slot_ms = VALUES(slot_ms), owner = VALUES(owner),
@@ -195,6 +199,15 @@ _TABLES = """SELECT TABLE_NAME, TABLE_COMMENT FROM information_schema.TABLES
     WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME LIKE 'anarchon\\_%%\\_jobs'"""
 _COMMENT_OF = """SELECT TABLE_COMMENT FROM information_schema.TABLES
     WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s"""
+
+
+class _Seen(NamedTuple):
+    """What a transaction read besides the records, once it held their locks."""
+
+    #: The pause marks of the jobs and of the namespace.
+    paused: set[str]
+    #: The claims won so far (runs less takeovers) of the jobs asked for.
+    claims: dict[str, int]
 
 
 class _Later(dict[str, str]):
@@ -304,7 +317,7 @@ def _tls(mode: str | None, ca: str | None, cert: str | None, key: str | None) ->
     return {"ssl": context}
 
 
-class MySQLStore(LeaseStore, RegistryStore, ControlStore):
+class MySQLStore(LeaseStore, RegistryStore, ControlStore, OnceStore):
     """The store contract on MySQL or MariaDB; see the module docstring."""
 
     def __init__(
@@ -523,14 +536,18 @@ class MySQLStore(LeaseStore, RegistryStore, ControlStore):
     def _decide(
         self,
         jobs: Sequence[str],
-        rule: Callable[[int, Record | None, float, set[str]], Decision[A]],
+        rule: Callable[[int, Record | None, float, _Seen], Decision[A]],
         *,
         pauses: bool = False,
+        counted: Sequence[str] = (),
     ) -> list[A]:
         """Lock ``jobs``' rows, decide each item by ``rule``, write what it says, commit.
 
-        ``rule(i, record, now, pause marks)`` decides item ``i``; every job
-        appears once. The server's ``now`` is read after the locks are granted.
+        ``rule(i, record, now, seen)`` decides item ``i``; every job appears
+        once. The server's ``now`` is read after the locks are granted, and so
+        are (in ``seen``) the pause marks (with ``pauses``) and the claims won
+        of the jobs ``counted``: only a step that holds a job's row lock (or
+        inserts it) changes its counts.
         """
         names = sorted(set(jobs))
         marks = _marks(len(names))
@@ -540,13 +557,18 @@ class MySQLStore(LeaseStore, RegistryStore, ControlStore):
         ]
         if pauses:
             reads.append((self._sql["paused_of"].format(marks=marks), names))
+        counted = sorted(set(counted))
+        if counted:
+            reads.append((self._sql["claims_of"].format(marks=_marks(len(counted))), counted))
 
         def decided(results: list[Sequence[Any]]) -> tuple[list[tuple[str, list[Any]]], list[A]]:
             records = {_text(row[0]): _record(row) for row in results[0]}
             now = float(results[1][0][0])
             marked = {_text(row[0]) for row in results[2]} if pauses else set()
+            claims = {_text(row[0]): int(row[1]) for row in results[-1]} if counted else {}
+            seen = _Seen(marked, claims)
             olds = [records.get(job) for job in jobs]
-            steps = [rule(i, old, now, marked) for i, old in enumerate(olds)]
+            steps = [rule(i, old, now, seen) for i, old in enumerate(olds)]
             writes = self._writes(list(zip(olds, steps, strict=True)), now)
             return writes, [step.answer for step in steps]
 
@@ -635,17 +657,29 @@ class MySQLStore(LeaseStore, RegistryStore, ControlStore):
         if len({r.job for r in requests}) < len(requests):
             # One record, several claims: each on its own, in turn.
             return one_by_one(
-                lambda r: self.claim(r.job, r.slot_ms, owner, r.lease), requests, _REFUSED
+                lambda r: self.claim(r.job, r.slot_ms, owner, r.lease, r.limit), requests, _REFUSED
             )
         return item_by_item(lambda batch: self._claim_batch(batch, owner), requests, _REFUSED)
 
     def _claim_batch(self, requests: Sequence[ClaimRequest], owner: str) -> list[Claim]:
-        def rule(i: int, old: Record | None, now: float, marks: set[str]) -> Decision[Claim]:
+        def rule(i: int, old: Record | None, now: float, seen: _Seen) -> Decision[Claim]:
             r = requests[i]
-            paused = bool(marks & {r.job, NAMESPACE_PAUSE})
-            return decide.claim(old, r.job, r.slot_ms, owner, r.lease, now, paused=paused)
+            paused = bool(seen.paused & {r.job, NAMESPACE_PAUSE})
+            claims = seen.claims.get(r.job, 0)
+            return decide.claim(
+                old,
+                r.job,
+                r.slot_ms,
+                owner,
+                r.lease,
+                now,
+                paused=paused,
+                limit=r.limit,
+                claims=claims,
+            )
 
-        return self._decide([r.job for r in requests], rule, pauses=True)
+        limited = [r.job for r in requests if r.limit is not None]
+        return self._decide([r.job for r in requests], rule, pauses=True, counted=limited)
 
     def takeover_many(self, requests: Sequence[TakeoverRequest], owner: str) -> list[Claim]:
         """One transaction for the batch, as :meth:`claim_many`."""
@@ -659,7 +693,7 @@ class MySQLStore(LeaseStore, RegistryStore, ControlStore):
             )
 
         def batch(items: Sequence[TakeoverRequest]) -> list[Claim]:
-            def rule(i: int, old: Record | None, now: float, _: set[str]) -> Decision[Claim]:
+            def rule(i: int, old: Record | None, now: float, _: _Seen) -> Decision[Claim]:
                 r = items[i]
                 return decide.takeover(old, r.job, r.slot_ms, owner, r.lease, r.seen_token, now)
 
@@ -677,7 +711,7 @@ class MySQLStore(LeaseStore, RegistryStore, ControlStore):
         return item_by_item(self._change_batch, changes, _REFUSED)
 
     def _change_batch(self, changes: Sequence[Change]) -> list[bool]:
-        def rule(i: int, old: Record | None, now: float, _: set[str]) -> Decision[bool]:
+        def rule(i: int, old: Record | None, now: float, _: _Seen) -> Decision[bool]:
             return decide.change(old, changes[i], now)
 
         return self._decide([c.job for c in changes], rule)
@@ -807,6 +841,71 @@ class MySQLStore(LeaseStore, RegistryStore, ControlStore):
 
     def __repr__(self) -> str:
         return f"<MySQLStore {self._where} namespace={self.namespace!r}>"
+
+    # -- one-off runs: the table ..._once, clustered on its key (due_ms, job) ---------------
+
+    def _once_cursor(self) -> contextlib.AbstractContextManager[pymysql.cursors.Cursor]:
+        """A cursor, the one-offs' table made first if this store has not seen it yet.
+
+        The table is not part of the layout the jobs table's comment versions: a
+        release that predates it never reads it, so it is made here, at first use,
+        beside an existing namespace's tables, and the layout's version stays.
+        """
+        if not getattr(self, "_once_ready", False):
+            with self._cursor() as cur:
+                cur.execute(_ONCE["create"].format(once=self._once_name))
+            self._once_ready = True
+        return self._cursor()
+
+    @property
+    def _once_name(self) -> str:
+        return f"{table_prefix(self.namespace)}_once"
+
+    def _add_once(self, entries: list[OnceEntry]) -> None:
+        with self._once_cursor() as cur:
+            for i in range(0, len(entries), _ONCE_CHUNK):
+                chunk = entries[i : i + _ONCE_CHUNK]
+                rows = ", ".join(["(%s, %s, %s)"] * len(chunk))
+                values = [v for e in chunk for v in (e.due_ms, e.job, e.value)]
+                cur.execute(_ONCE["add"].format(once=self._once_name, rows=rows), values)
+
+    def _once_rows(self, statement: str, values: Sequence[Any]) -> list[OnceEntry]:
+        with self._once_cursor() as cur:
+            cur.execute(_ONCE[statement].format(once=self._once_name), values)
+            rows = cur.fetchall()
+        return [OnceEntry(int(due), _text(job), value) for due, job, value in rows]
+
+    def _once_due(
+        self, until_ms: int, limit: int, after: tuple[int, str] | None
+    ) -> list[OnceEntry]:
+        start, job = after if after is not None else (-1, "")
+        return self._once_rows("due", (until_ms, start, start, job, limit))
+
+    def _remove_once(self, job: str, due_ms: int) -> bool:
+        with self._once_cursor() as cur:
+            return bool(cur.execute(_ONCE["remove"].format(once=self._once_name), (due_ms, job)))
+
+    def _pending_once(self, job: str | None, limit: int) -> list[OnceEntry]:
+        return self._once_rows("pending", (job or "", job or "", limit))
+
+
+#: Entries written per statement.
+_ONCE_CHUNK = 1000
+#: The one-offs' statements (``{once}``: the table's name). The due read is a range of the
+#: primary key's first column, the cursor's tie on it broken by the job.
+_ONCE = {
+    "create": """CREATE TABLE IF NOT EXISTS `{once}` (due_ms BIGINT NOT NULL,
+        job VARBINARY(800) NOT NULL, value TEXT NOT NULL, PRIMARY KEY (due_ms, job))
+        ENGINE=InnoDB DEFAULT CHARSET=utf8mb4""",
+    "add": """INSERT INTO `{once}` VALUES {rows}
+        ON DUPLICATE KEY UPDATE value = VALUES(value)""",
+    "due": """SELECT due_ms, job, value FROM `{once}`
+        WHERE due_ms <= %s AND due_ms >= %s AND (due_ms > %s OR job > %s)
+        ORDER BY due_ms, job LIMIT %s""",
+    "remove": "DELETE FROM `{once}` WHERE due_ms = %s AND job = %s",
+    "pending": """SELECT due_ms, job, value FROM `{once}` WHERE %s = '' OR job = %s
+        ORDER BY due_ms, job LIMIT %s""",
+}
 
 
 def _record(row: Sequence[Any]) -> Record:

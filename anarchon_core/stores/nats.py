@@ -19,7 +19,8 @@ compare-and-set round. Control entries are the keys ``c.`` plus the entry's
 key in the same base64, versioned by their revision.
 
 Every step is a compare-and-set: read the value and its revision, decide as
-the contract says, then ``create`` (only if the key does not exist) or
+the contract says (a claim's limit by the counts of the value read), then
+``create`` (only if the key does not exist) or
 ``update(key, value, last=revision)`` (only if nobody wrote since). A lost
 compare-and-set is never overwritten: the step reads and decides again.
 ``renew`` and ``dispatch`` write the state (``running``, ``dispatched``) and
@@ -96,6 +97,8 @@ from ..store import (
     JobState,
     JobStats,
     LeasesByObservation,
+    OnceEntry,
+    OnceStore,
     RegistryStore,
     RunRecord,
     RunState,
@@ -243,7 +246,7 @@ def _end(runs: list[list[Any]], state: RunState, at: float | None) -> list[list[
     return runs
 
 
-class NatsStore(LeasesByObservation, RegistryStore, ControlStore):
+class NatsStore(LeasesByObservation, RegistryStore, ControlStore, OnceStore):
     """The store contract on a NATS JetStream key-value bucket (see the module docstring)."""
 
     def __init__(
@@ -506,16 +509,26 @@ class NatsStore(LeasesByObservation, RegistryStore, ControlStore):
     def _paused(current: JobState | None) -> Claim:
         return Claim(ClaimStatus.PAUSED, current)
 
-    def _claiming(self, job: str, slot_ms: int, owner: str, lease: float) -> _Decide[Claim]:
-        return self._deciding(
-            job, lambda old, now: decide.claim(old, job, slot_ms, owner, lease, now)
-        )
+    def _claiming(self, r: ClaimRequest, owner: str) -> _Decide[Claim]:
+        """The claim's decision; its limit judged by the counts of the very value read."""
+
+        def decide_(old: _Record | None, current: JobState | None) -> tuple[_Record | None, Claim]:
+            counts = (old or {}).get("counts") or [0, 0]
+            claims = counts[_COUNTS["runs"]] - counts[_COUNTS["takeovers"]]
+            return self._deciding(
+                r.job,
+                lambda rec, now: decide.claim(
+                    rec, r.job, r.slot_ms, owner, r.lease, now, limit=r.limit, claims=claims
+                ),
+            )(old, current)
+
+        return decide_
 
     def claim_many(self, requests: Sequence[ClaimRequest], owner: str) -> list[Claim]:
         """Every claim at once on the loop: the batch waits for one round trip, not many."""
 
         async def batch() -> list[Claim]:
-            rules = (self._claiming(r.job, r.slot_ms, owner, r.lease) for r in requests)
+            rules = (self._claiming(r, owner) for r in requests)
             steps = (
                 self._cas(r.job, d, self._paused) for r, d in zip(requests, rules, strict=True)
             )
@@ -810,3 +823,192 @@ class NatsStore(LeasesByObservation, RegistryStore, ControlStore):
 
     def __repr__(self) -> str:
         return f"<NatsStore {self.bucket} namespace={self.namespace!r}>"
+
+    # -- one-off runs: a stream of their own, a subject per entry, read by the minute -------
+
+    @property
+    def _once_stream(self) -> str:
+        """The one-offs' stream (no ``KV_`` name: :meth:`namespaces` passes it by)."""
+        return "ONCE_" + self.bucket
+
+    @property
+    def _once_prefix(self) -> str:
+        return f"anarchon.once.{self.bucket}"
+
+    def _once_subject(self, due_ms: int, job: str) -> str:
+        """An entry's subject: its minute, its due time, its job (as in its key)."""
+        return f"{self._once_prefix}.{due_ms // _MINUTE}.{due_ms}.{job_key(job)[1:]}"
+
+    def _once_entry(self, subject: str) -> tuple[int, str] | None:
+        """The (due ms, job) of an entry's subject; ``None`` for any other subject."""
+        parts = subject[len(self._once_prefix) + 1 :].split(".")
+        name = job_name("j" + parts[2]) if len(parts) == 3 and parts[1].isdigit() else None
+        return None if name is None else (int(parts[1]), name)
+
+    async def _once_js(self) -> Any:
+        """JetStream, the one-offs' stream made first if this store has not seen it yet."""
+        await self._bucket()
+        assert self._nc is not None
+        js = self._nc.jetstream(timeout=self.timeout)
+        if not getattr(self, "_once_ready", False):
+            try:
+                await js.stream_info(self._once_stream)
+            except nats.js.errors.NotFoundError:
+                config = api.StreamConfig(
+                    name=self._once_stream,
+                    subjects=[f"{self._once_prefix}.>"],
+                    max_msgs_per_subject=1,  # an entry written again replaces its value
+                    storage=api.StorageType.FILE,
+                    num_replicas=self.replicas,
+                )
+                with contextlib.suppress(nats.js.errors.BadRequestError):  # made meanwhile
+                    await js.add_stream(config)
+            self._once_ready = True
+        return js
+
+    async def _once_low(self, js: Any) -> tuple[int, int | None]:
+        """The low mark (its sequence, 0 if none; the oldest minute that may hold entries)."""
+        try:
+            msg = await js.get_msg(self._once_stream, subject=f"{self._once_prefix}.low")
+        except nats.js.errors.NotFoundError:
+            return 0, None
+        return int(msg.seq or 0), int(msg.data.decode())
+
+    async def _once_mark(self, js: Any, seq: int, minute: int) -> bool:
+        """Write the low mark, only if it is still at ``seq``; ``False`` if it moved."""
+        headers = {"Nats-Expected-Last-Subject-Sequence": str(seq)}
+        try:
+            await js.publish(
+                f"{self._once_prefix}.low",
+                str(minute).encode(),
+                stream=self._once_stream,
+                headers=headers,
+            )
+        except nats.js.errors.APIError as exc:
+            if exc.err_code != _WRONG_LAST_SEQUENCE:
+                raise
+            return False
+        return True
+
+    def _add_once(self, entries: list[OnceEntry]) -> None:
+        def publish(chunk: list[OnceEntry]) -> Callable[[], Awaitable[None]]:
+            async def step() -> None:
+                js = await self._once_js()
+                stream = self._once_stream
+                sent = (
+                    js.publish(self._once_subject(e.due_ms, e.job), e.value.encode(), stream=stream)
+                    for e in chunk
+                )
+                await asyncio.gather(*sent)
+
+            return step
+
+        async def mark() -> None:
+            # After the entries, always (a new sequence even when unchanged): a reader
+            # raising the mark meanwhile fails its compare-and-set.
+            js = await self._once_js()
+            lowest = min(e.due_ms for e in entries) // _MINUTE
+            for _ in range(_ROUNDS):
+                seq, low = await self._once_low(js)
+                if await self._once_mark(js, seq, lowest if low is None else min(low, lowest)):
+                    return
+            raise StoreUnavailable(
+                f"NATS {self._once_stream}: the low mark changed {_ROUNDS} times"
+            )
+
+        for i in range(0, len(entries), _ONCE_CHUNK):  # each chunk a call of its own
+            self._once_run(publish(entries[i : i + _ONCE_CHUNK]))
+        self._once_run(mark)
+
+    def _once_run(self, step: Callable[[], Awaitable[T]]) -> T:
+        """``step`` on the loop; the stream is looked up again after any failure."""
+        try:
+            return self._run(step)
+        except BaseException:
+            self._once_ready = False
+            raise
+
+    async def _once_values(self, js: Any, keys: list[tuple[int, str]]) -> list[OnceEntry]:
+        """The entries of ``keys`` with their values; those removed meanwhile left out."""
+
+        async def get(key: tuple[int, str]) -> OnceEntry | None:
+            try:
+                msg = await js.get_msg(self._once_stream, subject=self._once_subject(*key))
+            except nats.js.errors.NotFoundError:
+                return None
+            return OnceEntry(key[0], key[1], msg.data.decode())
+
+        found = await asyncio.gather(*map(get, keys))
+        return [entry for entry in found if entry is not None]
+
+    async def _once_listed(self, js: Any, subjects: str) -> list[tuple[int, str]]:
+        """The (due ms, job) of the entries whose subjects match ``subjects``, in order."""
+        info = await js.stream_info(self._once_stream, subjects_filter=subjects)
+        keys = (self._once_entry(subject) for subject in info.state.subjects or {})
+        return sorted(key for key in keys if key is not None)
+
+    def _once_due(
+        self, until_ms: int, limit: int, after: tuple[int, str] | None
+    ) -> list[OnceEntry]:
+        """The minutes from the low mark (or the cursor's) to ``until_ms``'s, each listed by
+        the server (a subject filter); the low mark is raised past the minutes found empty."""
+
+        async def due() -> list[OnceEntry]:
+            js = await self._once_js()
+            seq, low = await self._once_low(js)
+            if low is None:
+                return []
+            last = until_ms // _MINUTE
+            minute = start = low if after is None else max(low, after[0] // _MINUTE)
+            found: list[tuple[int, str]] = []
+            first: int | None = None
+            while minute <= last and len(found) < limit and minute < start + _ONCE_MINUTES:
+                minutes = range(minute, min(last + 1, minute + _ONCE_AT_ONCE))
+                listed = await asyncio.gather(
+                    *(self._once_listed(js, f"{self._once_prefix}.{m}.>") for m in minutes)
+                )
+                for m, keys in zip(minutes, listed, strict=True):
+                    if keys and first is None:
+                        first = m
+                    found += [k for k in keys if k[0] <= until_ms and (after is None or k > after)]
+                minute = minutes[-1] + 1
+            raised = minute if first is None else first
+            if after is None and raised > low:
+                await self._once_mark(js, seq, raised)  # lost to a writer: read again next time
+            return await self._once_values(js, found[:limit])
+
+        return self._once_run(due)
+
+    def _remove_once(self, job: str, due_ms: int) -> bool:
+        async def remove() -> bool:
+            js = await self._once_js()
+            subject = self._once_subject(due_ms, job)
+            try:
+                await js.get_msg(self._once_stream, subject=subject)
+            except nats.js.errors.NotFoundError:
+                return False
+            # A purge leaves no marker: removed entries cost the listings nothing.
+            await js.purge_stream(self._once_stream, subject=subject)
+            return True
+
+        return self._once_run(remove)
+
+    def _pending_once(self, job: str | None, limit: int) -> list[OnceEntry]:
+        """For status: every entry's subject listed (of ``job``'s alone, by a filter)."""
+
+        async def pending() -> list[OnceEntry]:
+            js = await self._once_js()
+            token = "*" if job is None else job_key(job)[1:]
+            keys = await self._once_listed(js, f"{self._once_prefix}.*.*.{token}")
+            return await self._once_values(js, keys[:limit])
+
+        return self._once_run(pending)
+
+
+#: Milliseconds in a minute: the entries' subjects are grouped by the minute they are due.
+_MINUTE = 60_000
+#: Entries published at once.
+_ONCE_CHUNK = 1000
+#: Minutes listed at once, and at most by one read (the low mark catches up after a long
+#: outage over several reads).
+_ONCE_AT_ONCE, _ONCE_MINUTES = 30, 240

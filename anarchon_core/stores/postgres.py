@@ -29,8 +29,9 @@ DDL. A role that may not create tables needs them made once by one that may;
 so does an upgrade that changes the trigger function: a store that finds the
 trigger running another version's function replaces it (``CREATE OR REPLACE``).
 
-Each step is one autocommit statement, with no session state, advisory lock or
-server-side prepared statement, as PgBouncer in transaction mode requires:
+Each step is one autocommit statement, with no session state, session-level
+advisory lock or server-side prepared statement, as PgBouncer in transaction
+mode requires:
 ``claim`` is ``INSERT ... SELECT ... ON CONFLICT (job) DO UPDATE ... WHERE
 <older slot, ended or lapsed> RETURNING``, then a ``SELECT`` of the holder;
 ``takeover`` is ``UPDATE ... WHERE <slot, token, released or lapsed>
@@ -41,7 +42,11 @@ record that already carries the token with that very end (re-sent), and
 leaves it unchanged. ``claim_many`` is the claim's statement over arrays of
 jobs (``unnest``; ``claim`` is a batch of one), then one ``SELECT`` of the
 holders, in one pipeline: one round trip and one implicit transaction,
-taking rows in job-name order so that two batches cannot deadlock;
+taking rows in job-name order so that two batches cannot deadlock; claims
+with a limit make it an explicit transaction that first takes a
+transaction-level advisory lock per job limited (sorted), so that the count
+of claims won each reads stays as read until it commits (the locks end with
+it, as PgBouncer's transaction mode needs);
 ``change_many`` (renewals and ends in a batch) sends one statement per
 change in one pipeline, in name order likewise. Leases expire by the
 server's ``clock_timestamp()`` (``now()`` stands still for a transaction, so a
@@ -63,7 +68,7 @@ import math
 import threading
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
@@ -87,13 +92,15 @@ from ..store import (
     JobState,
     JobStats,
     LeaseStore,
+    OnceEntry,
+    OnceStore,
     RegistryStore,
     RunRecord,
     RunState,
     TakeoverRequest,
     item_by_item,
-    lost,
     one_by_one,
+    refused,
 )
 from ..urls import redact, scrub, secrets_in
 from ._sockets import input_waiting
@@ -212,10 +219,13 @@ _STATEMENTS = {
             lease_until)
         SELECT r.job, r.slot, %(owner)s, 1, 1, 'running',
                clock_timestamp() + make_interval(secs => r.lease)
-          FROM unnest(%(jobs)s::text[], %(slots)s::bigint[], %(leases)s::float8[])
-               AS r(job, slot, lease)
+          FROM unnest(%(jobs)s::text[], %(slots)s::bigint[], %(leases)s::float8[],
+                      %(limits)s::bigint[])
+               AS r(job, slot, lease, lim)
          WHERE NOT EXISTS (SELECT FROM {{jobs}} WHERE job = r.job AND slot_ms >= r.slot)
            AND NOT EXISTS (SELECT FROM {{paused}} WHERE job IN (r.job, ''))
+           AND NOT EXISTS (SELECT FROM {{stats}} s
+                           WHERE s.job = r.job AND s.runs - s.takeovers >= r.lim)
          ORDER BY r.job COLLATE "C"
         ON CONFLICT (job) DO UPDATE SET slot_ms = excluded.slot_ms, owner = excluded.owner,
             attempt = 1, token = j.token + 1, state = 'running',
@@ -261,6 +271,11 @@ _STATEMENTS = {
         ON CONFLICT (key) DO UPDATE SET version = excluded.version, value = excluded.value""",
     "control_delete": "DELETE FROM {controls} WHERE key = %(key)s",
     "paused_of": "SELECT job FROM {paused} WHERE job = ANY(%(jobs)s) OR job = ''",
+    # The claims of a batch's jobs that carry a limit go one at a time per job: each
+    # takes a transaction-level advisory lock of its job (in the order given: sorted)
+    # before its claim reads the job's count, until it commits.
+    "claim_locks": "SELECT pg_advisory_xact_lock(k) FROM unnest(%(keys)s::bigint[]) AS k",
+    "claims_of": "SELECT job, runs - takeovers FROM {stats} WHERE job = ANY(%(jobs)s)",
     "announce": """INSERT INTO {instances} VALUES (%(instance)s, %(info)s, clock_timestamp(),
             clock_timestamp() + make_interval(secs => %(ttl)s::float8))
         ON CONFLICT (instance) DO UPDATE SET info = excluded.info, seen_at = excluded.seen_at,
@@ -357,7 +372,7 @@ def _recording(store: PostgresStore) -> type[psycopg.Connection[Any]]:
     return Recording
 
 
-class PostgresStore(LeaseStore, RegistryStore, ControlStore):
+class PostgresStore(LeaseStore, RegistryStore, ControlStore, OnceStore):
     """The store contract on PostgreSQL; see the module docstring."""
 
     def __init__(
@@ -456,6 +471,7 @@ class PostgresStore(LeaseStore, RegistryStore, ControlStore):
         )
         digest = hashlib.sha256(f"anarchon:{jobs}".encode()).digest()
         self._lock_key = int.from_bytes(digest[:8], "big", signed=True)
+        self._jobs_table = jobs
         self._ready = False
         self._ready_lock = threading.Lock()
         #: What libpq said when the pool last failed to connect (scrubbed), if it did.
@@ -552,12 +568,6 @@ class PostgresStore(LeaseStore, RegistryStore, ControlStore):
             # snapshot may predate the commit of the winner that made it lose.
             return won, None if won else conn.execute(self._sql["holder"], params).fetchone()
 
-    def _claimed(self, slot_ms: int, won: Any, found: Any) -> Claim:
-        """The answer to a claim from its won row, or else the holder's row read after it."""
-        if won:
-            return Claim(ClaimStatus.WON, self._job_state(won))
-        return lost(slot_ms, self._job_state(found) if found else None)
-
     def claim_many(self, requests: Sequence[ClaimRequest], owner: str) -> list[Claim]:
         """One statement claims every job, one more reads the holders of those it lost:
         one pipeline, one round trip, one implicit transaction.
@@ -573,31 +583,58 @@ class PostgresStore(LeaseStore, RegistryStore, ControlStore):
         if len({r.job for r in requests}) < len(requests):
             # One statement cannot change a row twice: each claim on its own.
             return one_by_one(
-                lambda r: self.claim(r.job, r.slot_ms, owner, r.lease), requests, psycopg.Error
+                lambda r: self.claim(r.job, r.slot_ms, owner, r.lease, r.limit),
+                requests,
+                psycopg.Error,
             )
         return item_by_item(lambda batch: self._claim_batch(batch, owner), requests, psycopg.Error)
 
     def _claim_batch(self, requests: Sequence[ClaimRequest], owner: str) -> list[Claim]:
+        """The batch's claims in one pipeline; see :meth:`claim_many`.
+
+        Claims that carry a limit make it one transaction that first takes an
+        advisory lock of each of their jobs (sorted: two batches cannot
+        deadlock), so that the count each reads cannot change before it
+        commits: only a claim changes a job's count of claims won, and every
+        claim of the job with a limit waits for the lock.
+        """
         params = {
             "owner": owner,
             "jobs": [r.job for r in requests],
             "slots": [r.slot_ms for r in requests],
             "leases": [float(r.lease) for r in requests],
+            "limits": [r.limit for r in requests],
         }
+        limited = sorted({r.job for r in requests if r.limit is not None})
         with self._connection() as conn:
-            with conn.pipeline():
+            with conn.transaction() if limited else nullcontext(), conn.pipeline():
+                if limited:
+                    keys = sorted(self._claim_key(job) for job in limited)
+                    conn.execute(self._sql["claim_locks"], {"keys": keys})
                 claimed = conn.execute(self._sql["claim_many"], params)
                 read = conn.execute(self._sql["states"], {"jobs": params["jobs"]})
                 marks = conn.execute(self._sql["paused_of"], {"jobs": params["jobs"]})
+                if limited:
+                    counted = conn.execute(self._sql["claims_of"], {"jobs": limited})
             won = {row[0]: row for row in claimed.fetchall()}
             found = {row[0]: row for row in read.fetchall()}
             paused = {row[0] for row in marks.fetchall()}
-        return [
-            Claim(ClaimStatus.PAUSED, self._job_state(found[r.job]) if r.job in found else None)
-            if r.job not in won and paused & {r.job, NAMESPACE_PAUSE}
-            else self._claimed(r.slot_ms, won.get(r.job), found.get(r.job))
-            for r in requests
-        ]
+            claims = {row[0]: int(row[1]) for row in counted.fetchall()} if limited else {}
+        answers = []
+        for r in requests:
+            if r.job in won:
+                answers.append(Claim(ClaimStatus.WON, self._job_state(won[r.job])))
+                continue
+            holder = self._job_state(found[r.job]) if r.job in found else None
+            ended = r.limit is not None and claims.get(r.job, 0) >= r.limit
+            halted = bool(paused & {r.job, NAMESPACE_PAUSE})
+            answers.append(refused(r.slot_ms, holder, paused=halted, ended=ended))
+        return answers
+
+    def _claim_key(self, job: str) -> int:
+        """The advisory lock of ``job``'s claims that carry a limit."""
+        digest = hashlib.sha256(f"anarchon:{self._jobs_table}/{job}".encode()).digest()
+        return int.from_bytes(digest[:8], "big", signed=True)
 
     def takeover_many(self, requests: Sequence[TakeoverRequest], owner: str) -> list[Claim]:
         """Each takeover in turn, its own transaction; one the server refuses is refused alone."""
@@ -742,3 +779,103 @@ class PostgresStore(LeaseStore, RegistryStore, ControlStore):
 
     def __repr__(self) -> str:
         return f"<PostgresStore {self._where} namespace={self.namespace!r}>"
+
+    # -- one-off runs: the table ..._once, its primary key (due_ms, job) the index read -----
+
+    def _once_statements(self) -> dict[str, bytes]:
+        """The one-off statements on this namespace's ``..._once`` table (made once)."""
+        found: dict[str, bytes] | None = getattr(self, "_once_sql", None)
+        if found is None:
+            schema = self._schema_name
+            table = sql.Identifier(
+                *([schema] if schema else []), f"{table_prefix(self.namespace)}_once"
+            )
+            name = sql.Literal(table.as_string(None))
+            found = {
+                k: sql.SQL(v).format(once=table, name=name).as_bytes(None) for k, v in _ONCE.items()
+            }
+            self._once_sql = found
+        return found
+
+    def _once_exists(self, conn: psycopg.Connection[Any], create: bool) -> bool:
+        """Whether the one-offs' table is there; with ``create``, made if not (under the
+        namespace's lock, as the other tables). Reads make nothing: a role that may not
+        create tables runs every job without it."""
+        if getattr(self, "_once_ready", False):
+            return True
+        statements = self._once_statements()
+        row = conn.execute(statements["exists"]).fetchone()
+        if row is None or not row[0]:
+            if not create:
+                return False
+            try:
+                with conn.transaction():
+                    conn.execute(b"SELECT pg_advisory_xact_lock(%s)", (self._lock_key,))
+                    conn.execute(statements["create"])
+            except _UNAVAILABLE:
+                raise
+            except psycopg.Error as exc:
+                said = scrub(" ".join(str(exc).split()), self._secret)
+                raise StoreUnavailable(
+                    f"PostgreSQL {self._where}: cannot create the one-offs' table: {said}"
+                ) from exc
+        self._once_ready = True
+        return True
+
+    def _add_once(self, entries: list[OnceEntry]) -> None:
+        add = self._once_statements()["add"]
+        with self._connection() as conn:
+            self._once_exists(conn, create=True)
+            for i in range(0, len(entries), _ONCE_CHUNK):
+                chunk = entries[i : i + _ONCE_CHUNK]
+                params = {
+                    "dues": [e.due_ms for e in chunk],
+                    "jobs": [e.job for e in chunk],
+                    "values": [e.value for e in chunk],
+                }
+                conn.execute(add, params)
+
+    def _once_rows(self, statement: str, params: dict[str, Any]) -> list[OnceEntry]:
+        with self._connection() as conn:
+            if not self._once_exists(conn, create=False):
+                return []
+            rows = conn.execute(self._once_statements()[statement], params).fetchall()
+        return [OnceEntry(int(due), job, value) for due, job, value in rows]
+
+    def _once_due(
+        self, until_ms: int, limit: int, after: tuple[int, str] | None
+    ) -> list[OnceEntry]:
+        start, job = after if after is not None else (-1, "")
+        params = {"until": until_ms, "from": start, "after": job, "limit": limit}
+        return self._once_rows("due", params)
+
+    def _remove_once(self, job: str, due_ms: int) -> bool:
+        with self._connection() as conn:
+            if not self._once_exists(conn, create=False):
+                return False
+            cursor = conn.execute(self._once_statements()["remove"], {"due": due_ms, "job": job})
+            return cursor.rowcount == 1
+
+    def _pending_once(self, job: str | None, limit: int) -> list[OnceEntry]:
+        return self._once_rows("pending", {"job": job or "", "limit": limit})
+
+
+#: Entries written per statement.
+_ONCE_CHUNK = 1000
+#: The one-offs' statements; ``{once}`` the table, ``{name}`` its name as a literal. The
+#: job's collation is "C" (code point order, as Python sorts): reads and their cursor
+#: agree with the engine's order of (due time, job).
+_ONCE = {
+    "exists": "SELECT to_regclass({name}) IS NOT NULL",
+    "create": """CREATE TABLE IF NOT EXISTS {once} (due_ms bigint NOT NULL,
+        job text COLLATE "C" NOT NULL, value text NOT NULL, PRIMARY KEY (due_ms, job))""",
+    "add": """INSERT INTO {once} SELECT * FROM unnest(%(dues)s::bigint[], %(jobs)s::text[],
+            %(values)s::text[])
+        ON CONFLICT (due_ms, job) DO UPDATE SET value = excluded.value""",
+    "due": """SELECT due_ms, job, value FROM {once}
+        WHERE due_ms <= %(until)s AND (due_ms, job) > (%(from)s, %(after)s)
+        ORDER BY due_ms, job LIMIT %(limit)s""",
+    "remove": "DELETE FROM {once} WHERE due_ms = %(due)s AND job = %(job)s",
+    "pending": """SELECT due_ms, job, value FROM {once} WHERE %(job)s = '' OR job = %(job)s
+        ORDER BY due_ms, job LIMIT %(limit)s""",
+}

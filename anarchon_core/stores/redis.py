@@ -14,7 +14,8 @@ Keys. Every key of a job carries the hash tag ``{<namespace>/<job>}``
 ``anarchon:{ns/job}:rec`` is a hash with the record (slot, owner, attempt,
 token, state, lease end in server milliseconds; and the job's counts,
 ``n_runs``, ``n_takeovers``, ``n_done``, ``n_failed``, ``last_done``,
-``last_failed``, kept by the same scripts) and ``anarchon:{ns/job}:runs``
+``last_failed``, kept by the same scripts, and read by the claim script for
+a claim's limit) and ``anarchon:{ns/job}:runs``
 a list of JSON attempts, newest first, capped at 50. Each script touches
 only these two keys, one hash slot, so the layout works on Redis Cluster.
 ``anarchon:{ns}:jobs`` is a set of job names for :meth:`RedisStore.jobs`.
@@ -26,7 +27,9 @@ Outside a cluster the claim script reads that set too (its key ends the
 call's keys); on a cluster each claim call reads it just before, and a
 namespace pause also sets ``npaused`` in every recorded job's hash.
 ``anarchon:{ns}:controls`` is a hash of control entries, ``version|value``,
-changed by one script each (compare-and-set).
+changed by one script each (compare-and-set), and read by prefix by one script
+that answers only the entries asked for (the declarations' copies there are
+large, and read rarely).
 
 Steps. ``claim``, ``takeover``, ``renew``, ``dispatch``, ``finish``/``release``
 each run one script (EVALSHA; on ``NOSCRIPT`` after ``SCRIPT FLUSH`` or a
@@ -105,6 +108,8 @@ from ..store import (
     JobState,
     JobStats,
     LeaseStore,
+    OnceEntry,
+    OnceStore,
     RegistryStore,
     RunRecord,
     RunState,
@@ -208,10 +213,11 @@ end
 return out
 """
 
-# Per job: slot, owner, lease_ms. A job is paused by the fields ``paused`` (by
-# name) or ``npaused`` (with its namespace, on a cluster) of its record's hash,
-# or, outside a cluster, by the namespace's mark in the set of pause marks,
-# passed as the call's last key (an odd one out of the pairs).
+# Per job: slot, owner, lease_ms, limit ('' for none). A job is paused by the fields
+# ``paused`` (by name) or ``npaused`` (with its namespace, on a cluster) of its
+# record's hash, or, outside a cluster, by the namespace's mark in the set of pause
+# marks, passed as the call's last key (an odd one out of the pairs). Its limit is
+# reached once its claims won (n_runs - n_takeovers) are as many.
 _CLAIM = """
 local ns_paused = #KEYS % 2 == 1 and redis.call('SISMEMBER', KEYS[#KEYS], '') == 1
 local function one(rk, hk, a)
@@ -220,9 +226,16 @@ local function one(rk, hk, a)
      or redis.call('HEXISTS', rk, 'npaused') == 1 then
     return reply('paused', rec)
   end
+  if rec and rec.slot == slot then return reply('taken', rec) end
+  if rec and rec.slot > slot then return reply('stale', rec) end
+  local limit = tonumber(a[4])
+  if limit then
+    local n = redis.call('HMGET', rk, 'n_runs', 'n_takeovers')
+    if (tonumber(n[1]) or 0) - (tonumber(n[2]) or 0) >= limit then
+      return reply('ended', rec)
+    end
+  end
   if rec then
-    if rec.slot == slot then return reply('taken', rec) end
-    if rec.slot > slot then return reply('stale', rec) end
     if held(rec.state) then
       if rec.expires > now then return reply('busy', rec) end
       end_run(hk, rec.token, 'abandoned')
@@ -328,6 +341,25 @@ end
 local new = redis.call('HINCRBY', KEYS[1], '', 1)
 redis.call('HSET', KEYS[1], ARGV[1], new .. '|' .. ARGV[4])
 return {1, new}
+"""
+
+
+# KEYS: the namespace's hash of control entries; ARGV: key prefixes. Answers the
+# entries whose key starts with one of them, flat: key, "version|value", ...
+_CONTROLS = """
+local out = {}
+for _, key in ipairs(redis.call('HKEYS', KEYS[1])) do
+  if key ~= '' then
+    for i = 1, #ARGV do
+      if string.sub(key, 1, #ARGV[i]) == ARGV[i] then
+        table.insert(out, key)
+        table.insert(out, redis.call('HGET', KEYS[1], key))
+        break
+      end
+    end
+  end
+end
+return out
 """
 
 
@@ -463,7 +495,7 @@ def _sentinel_client(parts: Any, query: list[tuple[str, str]], options: dict[str
     return client
 
 
-class RedisStore(LeaseStore, RegistryStore, ControlStore):
+class RedisStore(LeaseStore, RegistryStore, ControlStore, OnceStore):
     """The store contract on a Redis or Valkey server. See the module docstring.
 
     Pass a ``redis.Redis`` client (the store never closes it; give it socket
@@ -700,14 +732,14 @@ class RedisStore(LeaseStore, RegistryStore, ControlStore):
         return f"anarchon:{{{self.namespace}}}:controls"
 
     def _controls(self, prefixes: tuple[str, ...]) -> dict[str, tuple[int, str]]:
+        """The entries of ``prefixes`` alone, in one script (one atomic read)."""
         with self._guard():
-            entries = self.client.hgetall(self._controls_key)
+            server = self._server_of(self._controls_key)
+            flat = Script(server, _CONTROLS)([self._controls_key], list(prefixes), server)
         found = {}
-        for key, entry in entries.items():
-            name = _text(key)
-            if name and name.startswith(prefixes):
-                version, _, value = _text(entry).partition("|")
-                found[name] = (int(version), value)
+        for key, entry in zip(flat[::2], flat[1::2], strict=True):
+            version, _, value = _text(entry).partition("|")
+            found[_text(key)] = (int(version), value)
         return found
 
     def _set_control(self, key: str, value: str | None, expected: int) -> int:
@@ -746,7 +778,10 @@ class RedisStore(LeaseStore, RegistryStore, ControlStore):
             return []
         if (paused := self._paused_on_cluster([r.job for r in requests])) is not None:
             return paused
-        calls = [(r.job, [r.slot_ms, owner, round(r.lease * 1000)]) for r in requests]
+        calls = [
+            (r.job, [r.slot_ms, owner, round(r.lease * 1000), "" if r.limit is None else r.limit])
+            for r in requests
+        ]
         names = sorted({r.job for r in requests})
         replies = self._run_scripts(self._claim_script, calls, names, self._pause_key)
         return refused_if_any(
@@ -893,3 +928,97 @@ class RedisStore(LeaseStore, RegistryStore, ControlStore):
 
     def __repr__(self) -> str:
         return f"<RedisStore {self._where} namespace={self.namespace!r}>"
+
+    # -- one-off runs: a sorted set read by range (ZRANGEBYLEX ... LIMIT), a hash beside --
+
+    @property
+    def _once_keys(self) -> list[str]:
+        """The index (every score 0, members ``<due ms, 15 digits>|<job>``) and the values,
+        both in the namespace's hash slot."""
+        head = f"anarchon:{{{self.namespace}}}:once"
+        return [head, f"{head}:v"]
+
+    def _once_script(self, text: str, args: Sequence[Any]) -> Any:
+        keys = self._once_keys
+        with self._guard():
+            server = self._server_of(keys[0])
+            return Script(server, text)(keys, list(args), server)
+
+    def _add_once(self, entries: list[OnceEntry]) -> None:
+        for i in range(0, len(entries), _ONCE_CHUNK):
+            chunk = entries[i : i + _ONCE_CHUNK]
+            self._once_script(_ONCE_ADD, [v for e in chunk for v in (_once_member(e), e.value)])
+
+    def _once_read(self, low: str, high: str, limit: int) -> list[OnceEntry]:
+        flat = self._once_script(_ONCE_READ, [low, high, limit])
+        found = []
+        for member, value in zip(flat[::2], flat[1::2], strict=True):
+            text = _text(member)
+            found.append(
+                OnceEntry(int(text[:15]), text[16:], "{}" if value is None else _text(value))
+            )
+        return found
+
+    def _once_due(
+        self, until_ms: int, limit: int, after: tuple[int, str] | None
+    ) -> list[OnceEntry]:
+        low = "-" if after is None else "(" + _once_member(OnceEntry(*after))
+        return self._once_read(low, f"({until_ms + 1:015d}", limit)
+
+    def _remove_once(self, job: str, due_ms: int) -> bool:
+        return bool(self._once_script(_ONCE_REMOVE, [_once_member(OnceEntry(due_ms, job))]))
+
+    def _pending_once(self, job: str | None, limit: int) -> list[OnceEntry]:
+        if job is None:
+            return self._once_read("-", "+", limit)
+        found: list[OnceEntry] = []
+        low = "-"
+        while len(found) < limit:  # for status: the entries of every job, a page at a time
+            page = self._once_read(low, "+", 1000)
+            found += [entry for entry in page if entry.job == job]
+            if len(page) < 1000:
+                break
+            low = "(" + _once_member(page[-1])
+        return found[:limit]
+
+
+#: Entries written per script call.
+_ONCE_CHUNK = 1000
+
+
+def _once_member(entry: OnceEntry) -> str:
+    """An entry's member of the index: its due time in 15 digits (lexical order is time
+    order), then its job."""
+    return f"{entry.due_ms:015d}|{entry.job}"
+
+
+#: KEYS: the index, the values. ARGV: member, value, member, value...
+_ONCE_ADD = """
+for i = 1, #ARGV, 2 do
+    redis.call('ZADD', KEYS[1], 0, ARGV[i])
+    redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1])
+end
+return #ARGV / 2
+"""
+#: KEYS: the index, the values. ARGV: the range's low and high (ZRANGEBYLEX's), the limit.
+#: Answers member, value, member, value... (HMGET in chunks: Lua's unpack has a limit).
+_ONCE_READ = """
+local members = redis.call('ZRANGEBYLEX', KEYS[1], ARGV[1], ARGV[2], 'LIMIT', 0, ARGV[3])
+local out = {}
+for i = 1, #members, 500 do
+    local chunk = {}
+    for j = i, math.min(i + 499, #members) do chunk[#chunk + 1] = members[j] end
+    local values = redis.call('HMGET', KEYS[2], unpack(chunk))
+    for j = 1, #chunk do
+        out[#out + 1] = chunk[j]
+        out[#out + 1] = values[j]
+    end
+end
+return out
+"""
+#: KEYS: the index, the values. ARGV: the member.
+_ONCE_REMOVE = """
+local removed = redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
+return removed
+"""

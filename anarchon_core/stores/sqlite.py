@@ -33,11 +33,13 @@ from ..store import (
     JobState,
     JobStats,
     LeaseStore,
+    OnceEntry,
+    OnceStore,
     RegistryStore,
     RunRecord,
     RunState,
     TakeoverRequest,
-    lost,
+    refused,
 )
 from ..urls import scrub, url_options
 from . import _sql
@@ -72,7 +74,7 @@ def _locked(exc: sqlite3.OperationalError) -> bool:
     return code & 0xFF in (5, 6)  # SQLITE_BUSY, SQLITE_LOCKED
 
 
-class SQLDialectStore(LeaseStore, RegistryStore, ControlStore):
+class SQLDialectStore(LeaseStore, RegistryStore, ControlStore, OnceStore):
     """The store contract over a DB-API connection speaking SQLite's SQL.
 
     Subclasses provide the connection and the exceptions that mean "the
@@ -160,28 +162,45 @@ class SQLDialectStore(LeaseStore, RegistryStore, ControlStore):
 
     @staticmethod
     def _claim_statements(request: ClaimRequest, owner: str) -> list[tuple[str, dict[str, Any]]]:
-        """A claim, then (in the same transaction) the pause mark and the record it left."""
+        """A claim, then (in the same transaction) the pause mark, the record it left and,
+        with a limit, whether the limit is reached."""
         job = request.job
-        claim = {"job": job, "slot": request.slot_ms, "owner": owner, "lease": request.lease}
-        return [(_sql.CLAIM, claim), (_sql.PAUSED, {"job": job}), (_sql.READ, {"job": job})]
+        claim: dict[str, Any] = {
+            "job": job,
+            "slot": request.slot_ms,
+            "owner": owner,
+            "lease": request.lease,
+            "most": request.limit,
+        }
+        statements: list[tuple[str, dict[str, Any]]] = [
+            (_sql.CLAIM, claim),
+            (_sql.PAUSED, {"job": job}),
+            (_sql.READ, {"job": job}),
+        ]
+        if request.limit is not None:
+            statements.append((_sql.ENDED, {"job": job, "most": request.limit}))
+        return statements
 
-    def _claim_answer(self, slot_ms: int, claimed: Rows, paused: Rows, read: Rows) -> Claim:
+    def _claim_answer(
+        self, slot_ms: int, claimed: Rows, paused: Rows, read: Rows, ended: Rows | None = None
+    ) -> Claim:
         if claimed.rows:
             return Claim(ClaimStatus.WON, self._job_state(claimed.rows[0]))
         holder = self._job_state(read.rows[0]) if read.rows else None
-        if paused.rows:
-            return Claim(ClaimStatus.PAUSED, holder)
-        return lost(slot_ms, holder)
+        return refused(
+            slot_ms, holder, paused=bool(paused.rows), ended=ended is not None and bool(ended.rows)
+        )
 
     def claim_many(self, requests: Sequence[ClaimRequest], owner: str) -> list[Claim]:
         if not requests:
             return []
-        statements = [s for request in requests for s in self._claim_statements(request, owner)]
-        answers = self._write(statements)
-        return [
-            self._claim_answer(request.slot_ms, *answers[3 * i : 3 * i + 3])
-            for i, request in enumerate(requests)
-        ]
+        each = [self._claim_statements(request, owner) for request in requests]
+        answers = self._write([s for statements in each for s in statements])
+        claims, at = [], 0
+        for request, statements in zip(requests, each, strict=True):
+            claims.append(self._claim_answer(request.slot_ms, *answers[at : at + len(statements)]))
+            at += len(statements)
+        return claims
 
     def takeover_many(self, requests: Sequence[TakeoverRequest], owner: str) -> list[Claim]:
         """Every takeover, each followed by a read of the record it left, in one transaction."""
@@ -300,6 +319,45 @@ class SQLDialectStore(LeaseStore, RegistryStore, ControlStore):
     def close(self) -> None:
         """Close the connection; one still in use is closed when its call ends."""
         self._calls.close(self._drop_connection)
+
+    # -- one-off runs: the table anarchon_once, keyed and read by due time ----------------
+
+    #: Entries written per transaction (and per request, on libSQL).
+    _ONCE_CHUNK = 1000
+
+    def _once_table(self) -> None:
+        """Create the one-offs' table if it is not there (once per store object)."""
+        if not getattr(self, "_once_ready", False):
+            self._write([(statement, {}) for statement in _sql.ONCE_SCHEMA])
+            self._once_ready = True
+
+    def _add_once(self, entries: list[OnceEntry]) -> None:
+        self._once_table()
+        for i in range(0, len(entries), self._ONCE_CHUNK):
+            chunk = entries[i : i + self._ONCE_CHUNK]
+            values = [{"due": e.due_ms, "job": e.job, "value": e.value} for e in chunk]
+            self._write([(_sql.ONCE_ADD, v) for v in values])
+
+    def _once_rows(self, sql: str, **values: Any) -> list[OnceEntry]:
+        self._once_table()
+        with self._transaction(write=False) as conn:
+            rows = self._run(conn, sql, **values).fetchall()
+        return [OnceEntry(int(due), job, value) for due, job, value in rows]
+
+    def _once_due(
+        self, until_ms: int, limit: int, after: tuple[int, str] | None
+    ) -> list[OnceEntry]:
+        start, job = after if after is not None else (-1, "")
+        return self._once_rows(
+            _sql.ONCE_DUE, until=until_ms, limit=limit, **{"from": start, "after": job}
+        )
+
+    def _remove_once(self, job: str, due_ms: int) -> bool:
+        self._once_table()
+        return self._write([(_sql.ONCE_REMOVE, {"due": due_ms, "job": job})])[0].changed == 1
+
+    def _pending_once(self, job: str | None, limit: int) -> list[OnceEntry]:
+        return self._once_rows(_sql.ONCE_PENDING, job=job or "", limit=limit)
 
 
 class SQLiteStore(SQLDialectStore):

@@ -72,3 +72,28 @@ def batches_in_any_order(stores: list[Any], slot: int, rounds: int = 10) -> None
         thread.join()
     assert not errors
     assert [sorted(won) for won in wins] == [jobs] * rounds
+
+
+def race_to_limit(
+    url: str, namespace: str, index: int, rounds: int, slot: int, limit: int
+) -> list[str]:
+    """Claim a slot of one's own each round, with ``limit``, in lockstep with the other
+    racers (who claim theirs); a won run ends at once. Each claim's answer."""
+    barrier = _barrier
+    store = open_store(url, namespace=namespace)
+    try:
+        return [
+            _limited_claim(store, index, slot + r * 1000, limit, barrier) for r in range(rounds)
+        ]
+    finally:
+        store.close()
+
+
+def _limited_claim(store: Any, index: int, round_slot: int, limit: int, barrier: Any) -> str:
+    """One racer's claim of a round (its own slot of it), once every racer is there."""
+    barrier.wait()
+    claim = store.claim("limited", round_slot + index, f"racer{index}", 10, limit)
+    if claim.won:
+        assert claim.holder is not None
+        assert store.finish("limited", claim.holder.token, RunState.DONE)
+    return str(claim.status.value)

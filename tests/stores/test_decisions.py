@@ -4,8 +4,8 @@ The claim, takeover, renew, dispatch, finish and release decisions are written
 once as pure functions (:mod:`anarchon_core.decide`); the memory and NATS
 stores apply them as they are, the Redis script and the SQL statements decide
 on the server. Here random sequences of operations (claims, takeovers,
-changes, pauses) by several owners, on a few jobs, with leases long (60 s) or
-short (0.4 s), run on each lease store
+changes, pauses) by several owners, on a few jobs (each with a limit of claims
+or none), with leases long (60 s) or short (0.4 s), run on each lease store
 and on the model side by side: every answer, and then every job's record,
 history and counts, must be the model's.
 
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from anarchon_core import decide
@@ -102,6 +102,8 @@ class Pause:
 
 
 leases = st.sampled_from((SHORT, SHORT, LONG_LEASE))
+#: Each job's limit, sent with its every claim: none, or one a few claims reach.
+limits = st.fixed_dictionaries({job: st.sampled_from((None, 1, 1, 2)) for job in JOBS})
 offsets = st.sampled_from((0, 0, 0, 0, -1, 1))
 #: Mostly the record's own slot (None), the one a backup read.
 seen_slots = st.sampled_from((None, None, None, *SLOTS))
@@ -168,6 +170,8 @@ class Model:
     ends_from: dict[str, float] = field(default_factory=dict)
     #: The jobs paused by name.
     paused: set[str] = field(default_factory=set)
+    #: Each job's limit of claims won (None: no limit).
+    limits: dict[str, int | None] = field(default_factory=dict)
 
     def apply(self, job: str, step: Decision[Any], t0: float, t1: float) -> Any:
         new = step.record
@@ -190,6 +194,11 @@ class Model:
             self.ends_from[job] = t0 + lease
         self.records[job] = new
         return step.answer
+
+    def claims(self, job: str) -> int:
+        """``job``'s claims won so far: runs less takeovers."""
+        runs, takeovers, *_ = self.counts.get(job, [0, 0])
+        return runs - takeovers
 
     def settle(self, jobs: set[str]) -> float:
         """Wait until no held lease of ``jobs`` is near its end; the moment after."""
@@ -242,7 +251,10 @@ def step(store: LeaseStore, model: Model, op: Any, names: dict[str, str]) -> Non
     t0 = model.settle(jobs)
     decisions: list[Decision[Any]]
     if isinstance(op, Claims):
-        requests = [ClaimRequest(names[job], slot, lease) for job, slot, lease in op.items]
+        requests = [
+            ClaimRequest(names[job], slot, lease, model.limits.get(job))
+            for job, slot, lease in op.items
+        ]
         answers: list[Any] = store.claim_many(requests, op.owner)
         t1 = time.monotonic()
         decisions = [
@@ -254,6 +266,8 @@ def step(store: LeaseStore, model: Model, op: Any, names: dict[str, str]) -> Non
                 lease,
                 t0,
                 paused=job in model.paused,
+                limit=model.limits.get(job),
+                claims=model.claims(job),
             )
             for job, slot, lease in op.items
         ]
@@ -323,6 +337,22 @@ def check_records(
 
 # --- the test ----------------------------------------------------------------------
 
+#: A job's limit reached, in the order of the answers: paused, taken, stale, then
+#: ended (before busy); a takeover is not limited, nor counted.
+LIMITED = [
+    Claims("a", (("j0", SLOTS[0], LONG_LEASE), ("j1", SLOTS[0], LONG_LEASE))),
+    Claims("b", (("j0", SLOTS[1], LONG_LEASE), ("j1", SLOTS[0], SHORT))),  # ended; taken
+    Changes((("j0", 0, RunState.RELEASED, 0.0), ("j1", 0, RunState.DONE, 0.0))),
+    Takeovers("c", (("j0", None, 0, LONG_LEASE),)),  # won, as attempt 2
+    Claims("b", (("j0", SLOTS[0], LONG_LEASE), ("j1", SLOTS[1], SHORT))),  # taken; won
+    Claims("a", (("j1", SLOTS[0], SHORT), ("j0", SLOTS[2], SHORT))),  # stale; ended
+    Changes((("j0", 0, RunState.DONE, 0.0),)),
+    Wait(),
+    Claims("c", (("j0", SLOTS[2], SHORT), ("j1", SLOTS[2], SHORT))),  # ended; ended
+    Pause("j0", True),
+    Claims("a", (("j0", SLOTS[2], SHORT),)),  # paused
+]
+
 examples = itertools.count()
 
 
@@ -336,11 +366,14 @@ examples = itertools.count()
     # One store serves every example (each its own jobs), on purpose.
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-@given(ops=operations)
-def test_every_answer_and_record_is_the_decision_tables(lease_store: Store, ops: list[Any]) -> None:
+@given(ops=operations, most=limits)
+@example(ops=LIMITED, most={"j0": 1, "j1": 2})
+def test_every_answer_and_record_is_the_decision_tables(
+    lease_store: Store, ops: list[Any], most: dict[str, int | None]
+) -> None:
     assert isinstance(lease_store, LeaseStore)
     n = next(examples)
     names = {job: f"x{n}-{job}" for job in JOBS}
-    model = Model()
+    model = Model(limits=most)
     for op in ops:
         step(lease_store, model, op, names)
