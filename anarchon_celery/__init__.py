@@ -6,8 +6,9 @@ by one instance only. See ``docs/celery.md``.
 """
 
 from .scheduler import Scheduler
+from .schedules import once
 
-__all__ = ["Scheduler"]
+__all__ = ["Scheduler", "once"]
 
 
 def __getattr__(name: str) -> object:

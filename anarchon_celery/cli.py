@@ -1,4 +1,4 @@
-"""``celery anarchon status|jobs|pause|resume|trigger|history|add|change|remove``.
+"""``celery anarchon status|jobs|pause|resume|trigger|history|next|add|change|remove|once``.
 
 The control verbs are those of the ``anarchon`` command (see
 :mod:`anarchon_core.cli`, same arguments and exit codes), on the store and
@@ -19,7 +19,7 @@ from typing import Any
 import click
 
 from anarchon_core import AnarchonError
-from anarchon_core.cli import EXIT_CONFIG, moment, run_control, run_status
+from anarchon_core.cli import EXIT_CONFIG, MAX_NEXT, moment, run_control, run_status
 from anarchon_core.control import OPTIONS
 
 from . import tracking  # noqa: F401 - connects the worker hooks
@@ -33,7 +33,7 @@ def anarchon() -> None:
 
 @anarchon.command(
     help="Each entry's last slot, owner, attempt, state and lease time left. Exit status: 0"
-    " entries shown, 1 none recorded, 2 bad settings, 3 the store cannot be reached."
+    " entries shown, 1 none recorded or declared, 2 bad settings, 3 the store cannot be reached."
 )
 @click.pass_context
 def status(ctx: click.Context) -> None:
@@ -64,7 +64,10 @@ _EXITS = (
 )
 
 
-@anarchon.command(help="Every entry recorded in the store: paused or not, its last run." + _EXITS)
+@anarchon.command(
+    help="Every entry recorded, stored or declared by a live beat: paused or not, its last"
+    " run, its next slot." + _EXITS
+)
 @click.pass_context
 def jobs(ctx: click.Context) -> None:
     _control(ctx, "jobs")
@@ -110,6 +113,18 @@ def history(ctx: click.Context, name: str, limit: int) -> None:
     _control(ctx, "history", job=name, limit=limit)
 
 
+@anarchon.command(
+    name="next",
+    help="The next slots of an entry, in its time zone and in UTC, DST gaps and folds marked"
+    " (its schedule as the live beats declare it, or as stored)." + _EXITS,
+)
+@click.argument("name")
+@click.option("-n", "count", type=click.IntRange(1, MAX_NEXT), default=10, show_default=True)
+@click.pass_context
+def next_slots(ctx: click.Context, name: str, count: int) -> None:
+    _control(ctx, "next", job=name, n=count)
+
+
 def _schedule_options(command: Any) -> Any:
     """The options of ``add`` and ``change``: those of ``anarchon add``."""
     for option in reversed(
@@ -119,12 +134,37 @@ def _schedule_options(command: Any) -> Any:
             click.option("--cron", help="a cron expression"),
             click.option("--timezone", help="the cron expression's timezone (default UTC)"),
             click.option("--anchor", type=float, help="every= grid anchor, Unix seconds"),
+            click.option(
+                "--start",
+                metavar="TIME",
+                help="no slot before this time, included: ISO 8601 with its offset"
+                " (change: 'none' clears it)",
+            ),
+            click.option(
+                "--end",
+                metavar="TIME",
+                help="no slot after this time, included: ISO 8601 with its offset"
+                " (change: 'none' clears it)",
+            ),
             click.option("--args", help="a JSON list of positional arguments"),
             click.option("--kwargs", help="a JSON object of keyword arguments"),
             click.option("--options", help="a JSON object of apply_async options"),
             *(
                 click.option("--" + name.replace("_", "-"), name, type=float, metavar="SECONDS")
                 for name in OPTIONS
+            ),
+            click.option(
+                "--overlap",
+                metavar="POLICY",
+                help="skip (the default), buffer_one, buffer_all or cancel_other",
+            ),
+            click.option(
+                "--limit", metavar="N", help="the slots it sends in all ('none': no limit)"
+            ),
+            click.option(
+                "--pause-on-failure",
+                type=click.Choice(["true", "false"]),
+                help="pause the entry on every beat after its task fails for good",
             ),
         ]
     ):
@@ -171,3 +211,30 @@ def backfill(ctx: click.Context, name: str, start: str, end: str, unrecorded: bo
     except argparse.ArgumentTypeError as exc:
         raise click.BadParameter(str(exc)) from None
     _control(ctx, "backfill", job=name, start=moments[0], end=moments[1], unrecorded=unrecorded)
+
+
+@anarchon.command(
+    help="Send an entry once at a given time (ISO 8601, UTC if no offset), from one beat;"
+    " --cancel removes it, --pending lists those not yet sent." + _EXITS
+)
+@click.argument("name", required=False)
+@click.option("--at", "at", metavar="TIME", help="when: ISO 8601 (UTC if no offset)")
+@click.option("--cancel", is_flag=True, help="remove the one-off at --at")
+@click.option("--pending", is_flag=True, help="list the one-offs not yet sent (of NAME, or all)")
+@click.option("--unrecorded", is_flag=True, help="an entry that has not run yet")
+@click.pass_context
+def once(
+    ctx: click.Context,
+    name: str | None,
+    at: str | None,
+    cancel: bool,
+    pending: bool,
+    unrecorded: bool,
+) -> None:
+    if cancel and pending:
+        raise click.UsageError("once: --cancel or --pending, not both")
+    try:
+        when = None if at is None else moment(at)
+    except argparse.ArgumentTypeError as exc:
+        raise click.BadParameter(str(exc), param_hint="--at") from None
+    _control(ctx, "once", job=name, at=when, cancel=cancel, pending=pending, unrecorded=unrecorded)

@@ -21,8 +21,10 @@ from celery.beat import ScheduleEntry
 from anarchon_core import ConfigurationError, Job, Run
 from anarchon_core import Scheduler as Engine
 from anarchon_core.handoff import check_pickup
+from anarchon_core.once import once_schedule
 from anarchon_core.schedules import make_schedule
 
+from .owned import UNDECIDED, Owners, check_store, probe
 from .schedules import Entry, read_schedule_entry
 from .settings import BeatSettings, timezone_of
 
@@ -60,19 +62,31 @@ def check_entry(
     are checked: the settings are checked with it at setup.
     """
     row = getattr(entry, "row_schedule", None)
-    spec = row.spec() if row is not None else read_schedule_entry(entry, timezone_of(app), where)
+    spec = (
+        row.spec()
+        if row is not None
+        else read_schedule_entry(entry, timezone_of(app), where, owned=True)
+    )
+    if spec.decides is not None:  # its due times come from its own is_due: it must answer
+        probe(where, spec.decides, entry.schedule)
     if settings is None:
         return spec
     try:
         options = settings.defaults.merged(**spec.job_options)
-        schedule = make_schedule(
-            every=spec.every,
-            cron=spec.cron,
-            timezone=spec.timezone,
-            anchor=None
-            if spec.anchor is None
-            else datetime.fromtimestamp(spec.anchor, timezone.utc),
-            **spec.bounds,
+        schedule = (
+            once_schedule(spec.at)
+            if spec.at is not None
+            else make_schedule(**UNDECIDED)
+            if spec.decides is not None
+            else make_schedule(
+                every=spec.every,
+                cron=spec.cron,
+                timezone=spec.timezone,
+                anchor=None
+                if spec.anchor is None
+                else datetime.fromtimestamp(spec.anchor, timezone.utc),
+                **spec.bounds,
+            )
         )
         Job.check(spec.name, schedule, options)
         check_pickup(settings.pickup, options.lease, name="anarchon_pickup")
@@ -106,6 +120,8 @@ class EntryJobs:
         #: The row entries applied (scheduled or refused), by name: see _remember_row.
         self._rows: dict[str, Any] = {}
         self._dispatcher = dispatcher
+        #: The entries whose due times their schedule decides: their owner leases.
+        self.owners = Owners(engine, app)
 
     def apply(self, schedule: Mapping[str, Any], strict: bool = False) -> None:
         """Make the engine's jobs those of ``schedule``: add, replace and remove.
@@ -182,7 +198,17 @@ class EntryJobs:
         if job is not None:
             self._remove(name)
         new = ScheduledEntry(entry, seen, spec)
+        if spec.decides is not None:
+            check_store(self.engine.store, where, spec.decides)
         try:
+            if spec.decides is not None:  # its due times decided by one beat at a time
+                self._own(name, new)
+                return new
+            if spec.at is not None:  # a one-off: kept in the store until its time
+                self.engine.once(
+                    name, spec.at, self._dispatcher(new, self.engine), **spec.job_options
+                )
+                return new
             self.engine.add_job(
                 self._dispatcher(new, self.engine),
                 name=name,
@@ -198,6 +224,24 @@ class EntryJobs:
             raise ConfigurationError(f"{where}: {exc}") from None
         return new
 
+    def _own(self, name: str, new: ScheduledEntry) -> None:
+        """Declare ``new``'s job, whose due times its owner decides (:mod:`.owned`)."""
+        spec, engine = new.spec, self.engine
+        kind = spec.decides or "?"
+        engine.add_job(
+            self._dispatcher(new, engine), name=name, **UNDECIDED, **spec.job_options, **spec.rules
+        )
+        lease = self.settings.defaults.merged(**spec.job_options).lease
+        self.owners.add(name, new, lease)
+        log.info(
+            "anarchon: entry %s: its schedule (%s) decides its own due times: sent by one beat"
+            " at a time under a lease (takeover after %gs), not on a shared grid",
+            name,
+            kind,
+            lease,
+        )
+
     def _remove(self, name: str) -> None:
         self.engine.remove_job(name)
+        self.owners.remove(name)
         del self.jobs[name]

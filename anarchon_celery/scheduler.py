@@ -254,7 +254,7 @@ class Scheduler(celery_beat.Scheduler):  # type: ignore[misc]
             # The worker that started this beat (-B) is gone: a beat must not outlive its pod.
             log.warning("anarchon: the worker of this embedded beat is gone; stopping beat")
             raise SystemExit(0)
-        delay = 1.0
+        delay = soon = 1.0
         with self._steps.step(), self._lock:
             if self.engine is engine:  # not closed while this step waited
                 try:
@@ -262,12 +262,19 @@ class Scheduler(celery_beat.Scheduler):  # type: ignore[misc]
                 except Exception:  # the entries already scheduled must still run
                     log.exception("anarchon: reading the schedule's entries failed")
                 try:
+                    # The due times of the entries whose schedule decides them, if this
+                    # beat holds their lease: claimed by the engine's step, as one-offs.
+                    entries = self._entries
+                    soon = entries.owners.step() if entries is not None else soon
+                except Exception:
+                    log.exception("anarchon: deciding the due times of entries failed")
+                try:
                     delay = engine.run_pending()
                 except Exception:  # beat must keep ticking; the engine logs store trouble
                     log.exception("anarchon: scheduling step failed")
                 if self._outage is not None:
                     self._outage.check()
-        return max(0.0, min(delay, float(self.max_interval)))
+        return max(0.0, min(delay, soon, float(self.max_interval)))
 
     def close(self) -> None:
         """Hand held slots over to another instance, then release beat's resources."""
@@ -294,9 +301,15 @@ class Scheduler(celery_beat.Scheduler):  # type: ignore[misc]
         engine, self.engine = self.engine, None
         workers, self.workers = self.workers, None
         self._outage = None
-        self._entries = None
+        entries, self._entries = self._entries, None
         # The hand-over first: it is what a backup waits for; the worker check
         # may be in the middle of a broadcast, which it finishes before stopping.
+        # The owner leases go first, while the engine's store is open.
+        if entries is not None and hand_over:
+            try:
+                entries.owners.release_all()
+            except Exception:  # the engine's runs must be handed over all the same
+                log.exception("anarchon: releasing the owner leases failed")
         if engine is not None and hand_over:
             engine.stop(timeout=1.0)
         elif engine is not None:
@@ -374,7 +387,7 @@ class Scheduler(celery_beat.Scheduler):  # type: ignore[misc]
             entry = raw
         else:
             # Read the raw fields first: a bad schedule fails in ScheduleEntry obscurely.
-            read_entry(name, raw, timezone_of(self.app), where=where)
+            read_entry(name, raw, timezone_of(self.app), where=where, owned=True)
             try:
                 entry = self.Entry(**dict(raw, name=name, app=self.app))
             except Exception as exc:

@@ -7,18 +7,22 @@ the Unix epoch, the same on every instance; stock beat instead counts them
 from when its process started. ``crontab`` entries become cron expressions
 in the app's time zone.
 
-Every instance must compute the same slots from the clock alone, so a
-schedule whose due times depend on anything else is refused rather than run
-as something it is not: ``solar``, a subclass of ``schedule`` or ``crontab``
-that overrides how its due times are computed (``is_due``,
-``remaining_estimate``...), a ``crontab`` with its own ``nowfun``, and any
-other type.
+A schedule whose due times depend on anything but the clock cannot be put on
+a grid that every instance computes alike: ``solar``, a subclass of
+``schedule`` or ``crontab`` that overrides how its due times are computed
+(``is_due``, ``remaining_estimate``...), a ``crontab`` with its own
+``nowfun``, and any other ``BaseSchedule``. Read for beat (``owned=True``),
+such an entry decides its own due times, one beat at a time
+(:mod:`anarchon_celery.owned`; :attr:`Entry.decides` names its kind); read for
+anything else (an import into stored schedules), it is refused
+(:class:`OwnSchedule`), as is any other type.
 
 Per-entry overrides of the ``anarchon_*`` settings go in the entry's
 ``options`` (``anarchon_lease``, ``anarchon_jitter``, ``anarchon_catch_up``),
 with the job's rules (``anarchon_overlap``, ``anarchon_limit``,
-``anarchon_pause_on_failure``) and the bounds of its slots (``anarchon_start``, ``anarchon_end``: aware
-datetimes or ISO 8601 strings with an offset, both included); all are removed
+``anarchon_pause_on_failure``) and the bounds of its slots (``anarchon_start``,
+``anarchon_end``: aware datetimes or ISO 8601 strings with an offset, both
+included); all are removed
 before the task is sent. The ``expires`` option, when a number of seconds or a
 ``timedelta``, counts from each slot's time (:func:`expires_at`), not from the
 send: a slot sent late expires as it would have on time.
@@ -32,7 +36,7 @@ from datetime import datetime, timedelta
 from typing import Any, overload
 
 from celery.beat import ScheduleEntry
-from celery.schedules import BaseSchedule, crontab, schedule, solar
+from celery.schedules import BaseSchedule, crontab, schedstate, schedule, solar
 
 from anarchon_core import ConfigurationError, Rules
 from anarchon_core.names import check_name
@@ -54,6 +58,17 @@ _DUE_METHODS = {
     schedule: ("is_due", "remaining_estimate"),
     crontab: ("is_due", "remaining_estimate", "remaining_delta", "now", "to_local"),
 }
+
+
+class OwnSchedule(ConfigurationError):
+    """A schedule that decides its own due times (``kind``): refused where slots must be
+    computed from the clock alone; beat runs it on one beat at a time."""
+
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
 _USE_INSTEAD = (
     "use a number of seconds, a timedelta, schedule(...) or crontab(...) (and let the task"
     " skip the runs it does not want)"
@@ -85,6 +100,13 @@ class Entry:
     overrides: dict[str, Any] = field(default_factory=dict)
     #: Unix seconds of an ``every`` grid's anchor (None: the Unix epoch).
     anchor: float | None = None
+    #: A one-off's time (:class:`once`, django-celery-beat's ``clocked``): its one slot,
+    #: aware UTC; ``every``, ``cron`` and ``timezone`` are then None.
+    at: datetime | None = None
+    #: The kind of a schedule that decides its own due times (``"solar"``, a class name):
+    #: its due times are decided by one beat at a time (:mod:`anarchon_celery.owned`);
+    #: ``every``, ``cron`` and ``timezone`` are then None.
+    decides: str | None = None
 
     @property
     def job_options(self) -> dict[str, Any]:
@@ -102,8 +124,14 @@ class Entry:
         return {k: v for k, v in self.overrides.items() if k in BOUNDS}
 
 
-def read_entry(name: str, raw: Mapping[str, Any], app_timezone: str, where: str = "") -> Entry:
-    """An :class:`Entry` from a ``beat_schedule`` item, or a ConfigurationError naming it."""
+def read_entry(
+    name: str, raw: Mapping[str, Any], app_timezone: str, where: str = "", *, owned: bool = False
+) -> Entry:
+    """An :class:`Entry` from a ``beat_schedule`` item, or a ConfigurationError naming it.
+
+    ``owned``: a schedule that decides its own due times is read as such
+    (:attr:`Entry.decides`), for beat; otherwise it is refused (:class:`OwnSchedule`).
+    """
     where = where or f"beat_schedule[{name!r}]"
     if not isinstance(raw, Mapping):
         raise ConfigurationError(f"{where}: expected a dict, got {type(raw).__name__}")
@@ -116,11 +144,15 @@ def read_entry(name: str, raw: Mapping[str, Any], app_timezone: str, where: str 
         raw.get("kwargs"),
         raw.get("options"),
         app_timezone,
+        owned,
     )
 
 
-def read_schedule_entry(entry: ScheduleEntry, app_timezone: str, where: str = "") -> Entry:
-    """An :class:`Entry` from beat's own ``ScheduleEntry`` (``scheduler.schedule``'s values)."""
+def read_schedule_entry(
+    entry: ScheduleEntry, app_timezone: str, where: str = "", *, owned: bool = False
+) -> Entry:
+    """An :class:`Entry` from beat's own ``ScheduleEntry`` (``scheduler.schedule``'s values);
+    ``owned`` as for :func:`read_entry`."""
     return _read(
         where or f"beat_schedule[{entry.name!r}]",
         entry.name,
@@ -130,6 +162,7 @@ def read_schedule_entry(entry: ScheduleEntry, app_timezone: str, where: str = ""
         entry.kwargs,
         entry.options,
         app_timezone,
+        owned,
     )
 
 
@@ -142,6 +175,7 @@ def _read(
     kwargs: Any,
     options: Any,
     app_timezone: str,
+    owned: bool = False,
 ) -> Entry:
     if not isinstance(name, str) or not name:
         raise ConfigurationError(f"{where}: the entry needs a name")
@@ -151,7 +185,14 @@ def _read(
         raise ConfigurationError(f"{where}: {exc}") from None
     if not isinstance(task, str) or not task:
         raise ConfigurationError(f"{where}: 'task' must name a task")
-    every, cron, timezone = _schedule(where, value, app_timezone)
+    at = once_at(where, value)
+    decides = None
+    try:
+        every, cron, timezone = (None, None, None) if at else _schedule(where, value, app_timezone)
+    except OwnSchedule as exc:
+        if not owned:
+            raise
+        every, cron, timezone, decides = None, None, None, exc.kind
     args = args or ()
     kwargs = kwargs or {}
     if not isinstance(args, (list, tuple)):
@@ -173,8 +214,29 @@ def _read(
         Rules.build(**{k: v for k, v in overrides.items() if k in RULES})
     except ConfigurationError as exc:  # named as the entry option that set it
         raise ConfigurationError(f"{where}: anarchon_{exc}") from None
+    if at is not None and set(overrides) & {*BOUNDS, *RULES}:
+        said = ", ".join(f"anarchon_{k}" for k in sorted(set(overrides) & {*BOUNDS, *RULES}))
+        raise ConfigurationError(f"{where}: a one-off runs once, at its time: {said} do not apply")
+    if decides is not None and set(overrides) & {"overlap", "limit"}:
+        said = ", ".join(f"anarchon_{k}" for k in sorted(set(overrides) & {"overlap", "limit"}))
+        raise ConfigurationError(
+            f"{where}: its schedule ({decides}) decides its own due times, one at a time (the"
+            f" next once the last one's run has ended): {said} do not apply"
+        )
     check_expires(where, options.get("expires"))
-    return Entry(name, task, every, cron, timezone, tuple(args), dict(kwargs), options, overrides)
+    return Entry(
+        name,
+        task,
+        every,
+        cron,
+        timezone,
+        tuple(args),
+        dict(kwargs),
+        options,
+        overrides,
+        at=at,
+        decides=decides,
+    )
 
 
 def _bounds(where: str, overrides: dict[str, Any]) -> None:
@@ -250,9 +312,10 @@ def _refuse_overrides(where: str, value: BaseSchedule, base: type) -> None:
     """Refuse ``value`` if its class changes, from ``base``'s, when it is due."""
     overridden = [m for m in _DUE_METHODS[base] if getattr(type(value), m) is not getattr(base, m)]
     if overridden:
-        raise ConfigurationError(
+        raise OwnSchedule(
             f"{where}: {type(value).__name__} overrides {', '.join(overridden)}, so anarchon"
-            f" cannot compute its slots the same on every beat: {_USE_INSTEAD}"
+            f" cannot compute its slots the same on every beat: {_USE_INSTEAD}",
+            type(value).__name__,
         )
 
 
@@ -308,16 +371,18 @@ def _schedule(
         return value.total_seconds(), None, None
     kind = type(value).__name__
     if isinstance(value, solar):
-        raise ConfigurationError(
+        raise OwnSchedule(
             f"{where}: solar schedules are not supported by anarchon (every beat must compute"
-            " the same slots from the clock alone): use crontab(...) at a fixed time instead"
+            " the same slots from the clock alone): use crontab(...) at a fixed time instead",
+            kind,
         )
     if isinstance(value, crontab):
         _refuse_overrides(where, value, crontab)
         if value.nowfun is not None:
-            raise ConfigurationError(
+            raise OwnSchedule(
                 f"{where}: crontab(nowfun=...) is not supported: slots are computed from the"
-                " clock in app.conf.timezone; set the time zone there, or write the times in it"
+                " clock in app.conf.timezone; set the time zone there, or write the times in it",
+                f"{kind} with nowfun",
             )
         return None, cron_of(where, value), _timezone(where, value, app_timezone)
     if isinstance(value, schedule):
@@ -333,7 +398,64 @@ def _schedule(
                 " relative=True, or use crontab(...) for times in app.conf.timezone"
             )
         return value.run_every.total_seconds(), None, None
-    raise ConfigurationError(
+    message = (
         f"{where}: unsupported schedule {value!r} ({kind}): anarchon computes every slot from"
         f" the clock alone, the same on every beat: {_USE_INSTEAD}"
     )
+    if isinstance(value, BaseSchedule):
+        raise OwnSchedule(message, kind)
+    raise ConfigurationError(message)
+
+
+# -- one-off entries ------------------------------------------------------------------
+
+
+class once(BaseSchedule):  # type: ignore[misc]
+    """A ``beat_schedule`` entry's schedule that sends its task once, at ``at``.
+
+    ``at`` is an aware datetime or an ISO 8601 string with its offset. anarchon's
+    beat keeps the one-off in the store until its time: one beat sends it, once,
+    even if every beat restarts (late, within the entry's catch-up window, if
+    they were all down at its time). django-celery-beat's ``clocked`` reads alike.
+    """
+
+    def __init__(self, at: datetime | str, nowfun: Any = None, app: Any = None) -> None:
+        self.at = moment("at", at)
+        super().__init__(nowfun=nowfun, app=app)
+
+    def remaining_estimate(self, last_run_at: datetime | None) -> timedelta:
+        now: datetime = self.now()
+        return self.at - now
+
+    def is_due(self, last_run_at: datetime | None) -> tuple[bool, float]:
+        """Stock beat's reading: due once its time came (and was not run since)."""
+        left = self.remaining_estimate(last_run_at).total_seconds()
+        due = left <= 0 and (last_run_at is None or last_run_at < self.at)
+        state: tuple[bool, float] = schedstate(due, 86400.0 if left <= 0 else left)
+        return state
+
+    def __repr__(self) -> str:
+        return f"<once: {self.at.isoformat()}>"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, once) and other.at == self.at
+
+    def __hash__(self) -> int:
+        return hash(self.at)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return self.__class__, (self.at, self.nowfun)
+
+
+def once_at(where: str, value: Any) -> datetime | None:
+    """A one-off schedule's time (:class:`once`, django-celery-beat's ``clocked``), aware
+    UTC; None for any other schedule."""
+    if isinstance(value, once):
+        return value.at
+    kind = type(value)
+    if kind.__name__ == "clocked" and kind.__module__.startswith("django_celery_beat"):
+        try:
+            return moment("clocked_time", value.clocked_time)
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"{where}: {exc}") from None
+    return None

@@ -10,6 +10,7 @@ from .control import Control, JobStatus
 from .errors import (
     AnarchonError,
     BatchRefused,
+    Cancelled,
     ConfigurationError,
     DispatchFailed,
     JobPaused,
@@ -43,6 +44,7 @@ __all__ = [
     "AnarchonError",
     "BatchRefused",
     "Bounded",
+    "Cancelled",
     "Change",
     "Claim",
     "ClaimRequest",

@@ -15,7 +15,9 @@ Three checks, each printed on a line of its own:
 - **job** (each one named): its last run that ended ``done`` is no older
   than ``max_late``; by default, twice the gap between its two most recent
   slots (its interval plus the default catch-up window, which is that
-  interval). A job with fewer than two slots recorded is not judged yet.
+  interval). A job with fewer than two slots recorded is not judged yet; one
+  with none passes while a live instance declares it (or its schedule is
+  stored), and fails otherwise: a name nothing knows.
 
 The verdict is healthy only if every check passes.
 """
@@ -23,9 +25,12 @@ The verdict is healthy only if every check passes.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime, timezone
 
+from .control import Control
 from .peers import ANNOUNCE_EVERY
-from .store import RegistryStore, Store
+from .schedules import NEVER
+from .store import ControlStore, RegistryStore, Store
 
 #: An instance whose registry record is older than this (seconds) counts as stalled.
 LIVE_WITHIN = 2 * ANNOUNCE_EVERY + 2.0
@@ -101,7 +106,7 @@ def _loop(
 def _job(store: Store, job: str, now: float, max_late: float | None) -> Finding:
     what = f"job {job!r}"
     if store.state(job) is None:
-        return Finding(what, False, "not recorded in the store")
+        return _unrecorded(store, job, now)
     # Newest first; a slot taken over shows once per attempt.
     slots = sorted({r.slot_ms for r in store.history(job, 10)}, reverse=True)
     bound = max_late
@@ -120,3 +125,24 @@ def _job(store: Store, job: str, now: float, max_late: float | None) -> Finding:
     if late > bound:
         return Finding(what, False, f"last success {late:.1f}s ago, more than {bound:g}s")
     return Finding(what, True, f"last success {late:.1f}s ago (bound {bound:g}s)")
+
+
+def _unrecorded(store: Store, job: str, now: float) -> Finding:
+    """A job with no record: not judged while live instances declare it (or its schedule is
+    stored), its first slot to come; a name nothing knows fails."""
+    what = f"job {job!r}"
+    control = Control(store)
+    declared = control.declarations().jobs.get(job)
+    stored = isinstance(store, ControlStore) and job in control.definitions()
+    if declared is None and not stored:
+        return Finding(what, False, "not recorded in the store")
+    who = f"declared by {declared.instances} live instance(s)" if declared else "stored"
+    schedule = declared.schedule if declared else control.definitions()[job].schedule()
+    if schedule is None:
+        return Finding(what, True, f"no slot recorded yet ({who})")
+    nxt = schedule.next_after(datetime.fromtimestamp(now, timezone.utc))
+    if nxt == NEVER:
+        return Finding(what, True, f"no slot recorded, and it has ended ({who})")
+    return Finding(
+        what, True, f"no slot recorded yet ({who}); next slot {nxt:%Y-%m-%d %H:%M:%S} UTC"
+    )

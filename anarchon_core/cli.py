@@ -2,16 +2,17 @@
 
 ``status`` (here, and ``celery anarchon status``) exits with
 :data:`EXIT_OK` when it showed jobs, :data:`EXIT_EMPTY` when the store was
-reached but holds no job in the namespace, :data:`EXIT_CONFIG` for a bad URL
+reached but knows no job in the namespace (none recorded, stored or declared
+by a live instance), :data:`EXIT_CONFIG` for a bad URL
 or a missing driver, and :data:`EXIT_UNREACHABLE` when the store cannot be
 reached or refuses the connection (credentials, TLS, a missing database).
 
 The control verbs (``jobs``, ``pause``, ``resume``, ``trigger``, ``backfill``,
-``history``, ``add``, ``change``, ``remove``; the same in
+``history``, ``next``, ``add``, ``change``, ``remove``, ``once``; the same in
 ``celery anarchon`` and ``dramatiq-anarchon``) exit with :data:`EXIT_OK`
 when they changed (or showed) something, :data:`EXIT_EMPTY` when they
 changed nothing (already paused, not paused, an unknown job, a run-now
-request for a paused job), and the two
+request for a paused job, no slot to come), and the two
 codes above for a bad URL (or a store that keeps no controls) and an
 unreachable store.
 
@@ -34,11 +35,13 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from .control import OPTIONS, Control, Definition
+from .control import OPTIONS, Control, Definition, JobStatus
+from .declarations import DeclaredJobs
 from .durations import parse_duration
 from .errors import (
     AnarchonError,
@@ -50,8 +53,20 @@ from .errors import (
     is_bug,
 )
 from .handoff import stray_sends
-from .schedules import from_ms
-from .store import HISTORY, JobState, LeaseStore, RegistryStore, RunState, Store, holders
+from .once import who_asked
+from .pauses import PauseReason
+from .pauses import reasons as pause_reasons
+from .schedules import NEVER, Bounded, Schedule, ended, from_ms, from_spec, zone_of
+from .store import (
+    HISTORY,
+    ControlStore,
+    JobState,
+    LeaseStore,
+    RegistryStore,
+    RunState,
+    Store,
+    holders,
+)
 from .urls import open_store, redact, scrub, secrets_in
 
 if TYPE_CHECKING:
@@ -66,12 +81,19 @@ EXIT_UNREACHABLE = 3
 
 
 def status(store: Store, out: TextIO) -> int:
-    """Print, per job: its last slot, owner, attempt, state and lease time left.
+    """Print, per job: its last slot, owner, attempt, state and lease time left, and its
+    next slot once its schedule is known (declared by a live instance, or stored):
+    ``ended`` past its end. Jobs declared or stored whose first slot has not come
+    are listed too, with ``-`` for what they have not done yet.
 
     Returns how many jobs it showed.
     """
     names = store.jobs()
-    if not names:
+    control = Control(store)
+    declared = control.declarations()
+    defined = control.definitions() if isinstance(store, ControlStore) else {}
+    every = sorted(set(names) | set(declared.jobs) | set(defined))
+    if not every:
         if isinstance(store, LeaseStore):
             print(f"no jobs recorded in namespace {store.namespace!r}", file=out)
             if store.namespace == "default":
@@ -85,26 +107,89 @@ def status(store: Store, out: TextIO) -> int:
         else:
             print(f"{type(store).__name__} records no jobs (it only takes claims)", file=out)
         if isinstance(store, RegistryStore):  # instances up before their first slot
-            instances(store, {}, out)
+            instances(store, {}, out, declared)
         return 0
-    states = store.states(names)
+    states = store.states(every)
+    jobs = [
+        JobStatus(name, states.get(name), False, defined.get(name), None, declared.jobs.get(name))
+        for name in every
+    ]
+    limited = [job.job for job in jobs if job.limit is not None]
+    if limited and isinstance(store, LeaseStore):  # the counts a limit is judged by
+        counted = store.stats(limited)
+        jobs = [replace(job, stats=counted.get(job.job)) for job in jobs]
+    now = datetime.now(timezone.utc)
+    nexts = {
+        job.job: note if (note := job.limit_note()).startswith("limit reached")
+        else next_slot(job.schedule(), now)
+        for job in jobs
+    }  # fmt: skip
     header = ("job", "last slot (UTC)", "owner", "attempt", "state", "lease left")
-    rows = [header]
-    for name in names:
-        state = states.get(name)
+    shows_next = any(cell != "-" for cell in nexts.values())
+    rows = [(*header, "next slot (UTC)") if shows_next else header]
+    for job in jobs:
+        state = job.state
         if state is None:
-            continue
-        slot = from_ms(state.slot_ms).strftime("%Y-%m-%d %H:%M:%S")
-        lease = "-"
-        if state.state is RunState.RUNNING:
-            lease = f"{state.lease_remaining:.1f}s" if state.lease_remaining > 0 else "lapsed"
-        row = (name, slot, state.owner, str(state.attempt), state.state.value, lease)
-        rows.append(row)
+            row = (job.job, "-", "-", "-", "-", "-")
+        else:
+            slot = from_ms(state.slot_ms).strftime("%Y-%m-%d %H:%M:%S")
+            lease = "-"
+            if state.state is RunState.RUNNING:
+                lease = f"{state.lease_remaining:.1f}s" if state.lease_remaining > 0 else "lapsed"
+            row = (job.job, slot, state.owner, str(state.attempt), state.state.value, lease)
+        rows.append((*row, nexts[job.job]) if shows_next else row)
     _table(rows, out)
+    reasons(pause_reasons(store), out)
+    limits(jobs, out)
+    disagreements(declared, out)
     if isinstance(store, RegistryStore):
-        instances(store, states, out)
+        instances(store, states, out, declared)
     strays(store, out)
     return len(rows) - 1
+
+
+def reasons(why: dict[str, PauseReason], out: TextIO) -> None:
+    """Print why each job paused by anarchon itself was paused (``pause_on_failure``)."""
+    for job, reason in sorted(why.items()):
+        by = f" by {reason.by}" if reason.by else ""
+        print(f"paused: {job}: {reason.reason}{by} at {_when(reason.at)} UTC", file=out)
+
+
+def limits(jobs: Sequence[JobStatus], out: TextIO) -> None:
+    """Print the run limit of each job that has one: how many of its slots have run."""
+    for job in jobs:
+        note = job.limit_note()
+        if note:
+            print(f"limit: {job.job}: {note}", file=out)
+
+
+def next_slot(schedule: Schedule | None, now: datetime) -> str:
+    """A job's next slot as the tables show it: its UTC time, ``ended`` past its end,
+    ``-`` when its schedule is not known."""
+    if schedule is None:
+        return "-"
+    if ended(schedule, now):
+        return "ended"
+    nxt = schedule.next_after(now)
+    return "ended" if nxt == NEVER else nxt.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def disagreements(declared: DeclaredJobs, out: TextIO) -> None:
+    """Print the jobs the live instances declare with different schedules (a deploy under way)."""
+    for job in declared.jobs.values():
+        if len(job.forms) > 1:
+            said = "; ".join(f"{_written(spec)} ({n} instance(s))" for spec, n in job.forms)
+            print(f"instances disagree on the schedule of {job.job!r}: {said}", file=out)
+
+
+def _written(spec: Any) -> str:
+    """A schedule's written form, as a person reads it."""
+    if spec is None:
+        return "a schedule that cannot be written down"
+    try:
+        return from_spec(spec).describe()
+    except AnarchonError:
+        return json.dumps(spec, sort_keys=True)
 
 
 def strays(store: Store, out: TextIO) -> None:
@@ -127,8 +212,14 @@ def strays(store: Store, out: TextIO) -> None:
     _table(rows, out)
 
 
-def instances(store: Store, states: dict[str, JobState], out: TextIO) -> None:
-    """Print the live instances of the store's registry, and the runs each holds."""
+def instances(
+    store: Store,
+    states: dict[str, JobState],
+    out: TextIO,
+    declared: DeclaredJobs | None = None,
+) -> None:
+    """Print the live instances of the store's registry, and the runs each holds; and
+    those that say nothing of the jobs they declare (``declared.silent``)."""
     live = sorted(store.instances(), key=lambda r: r.instance)
     holds = holders(states)
     print(f"\n{len(live)} live instance(s)", file=out)
@@ -144,6 +235,18 @@ def instances(store: Store, states: dict[str, JobState], out: TextIO) -> None:
                behind(info), ", ".join(holds.get(r.instance, [])) or "-")  # fmt: skip
         rows.append(row)
     _table(rows, out)
+    silent(declared, out)
+
+
+def silent(declared: DeclaredJobs | None, out: TextIO) -> None:
+    """Say which live instances do not say which jobs they declare, if any."""
+    if declared is not None and declared.silent:
+        print(
+            f"{len(declared.silent)} live instance(s) do not say which jobs they declare"
+            f" ({', '.join(declared.silent)}: an older anarchon, or just started): their"
+            " jobs show once recorded or stored",
+            file=out,
+        )
 
 
 def behind(info: dict[str, Any]) -> str:
@@ -239,19 +342,31 @@ def control_verb(args: argparse.Namespace, control: Control, out: TextIO) -> int
     namespace = control.store.namespace
     verb = args.verb
     if verb == "jobs":
-        jobs = control.jobs()
         paused = control.paused()
+        declared = control.declarations()
+        jobs = control.listing(paused=paused, declared=declared)[0]
         if paused.namespace:
             print(f"namespace {namespace!r} is paused: no job's slot starts", file=out)
         if not jobs:
             print(f"no jobs recorded in namespace {namespace!r}", file=out)
+            silent(declared, out)
             return EXIT_EMPTY
+        now = datetime.now(timezone.utc)
+        nexts = [
+            note if (note := job.limit_note()).startswith("limit reached")
+            else next_slot(job.schedule(), now)
+            for job in jobs
+        ]  # fmt: skip
+        why = pause_reasons(control.store)
+        shows_next = any(cell != "-" for cell in nexts)
         rows: list[tuple[str, ...]] = [
             ("job", "paused", "last slot (UTC)", "owner", "attempt", "state", "runs",
              "takeovers", "last success", "last failure")
         ]  # fmt: skip
         for job in jobs:
             flag = "yes" if job.paused else "namespace" if paused.namespace else "no"
+            if job.paused and job.job in why:
+                flag = "on failure"
             st, n = job.state, job.stats
             counts = ("-", "-", "-", "-")
             if n is not None:
@@ -263,7 +378,15 @@ def control_verb(args: argparse.Namespace, control: Control, out: TextIO) -> int
                 slot = from_ms(st.slot_ms).strftime("%Y-%m-%d %H:%M:%S")
                 row = (job.job, flag, slot, st.owner, str(st.attempt), st.state.value)
                 rows.append((*row, *counts))
+        if shows_next:  # a column of its own once a schedule is known
+            rows = [
+                (*row, cell) for row, cell in zip(rows, ["next slot (UTC)", *nexts], strict=True)
+            ]
         _table(rows, out)
+        reasons(why, out)
+        limits(jobs, out)
+        disagreements(declared, out)
+        silent(declared, out)
         for job in jobs:
             if job.defined is not None:
                 d = job.defined
@@ -303,6 +426,10 @@ def control_verb(args: argparse.Namespace, control: Control, out: TextIO) -> int
             file=out,
         )
         return EXIT_OK
+    if verb == "next":
+        return _next_slots(args, control, out)
+    if verb == "once":
+        return _once(args, control, out)
     if verb == "trigger":
         slot_id = control.trigger(args.job, unrecorded=args.unrecorded)
         print(f"asked to run {slot_id} now: the first instance that claims it runs it", file=out)
@@ -336,7 +463,10 @@ def control_verb(args: argparse.Namespace, control: Control, out: TextIO) -> int
         unknown = [job for job in args.jobs if not control.known(job)]
         if unknown:
             names = ", ".join(map(repr, unknown))
-            raise UnknownJob(f"no job named {names} is recorded in namespace {namespace!r}")
+            raise UnknownJob(
+                f"no job named {names} is recorded, stored or declared by a live instance"
+                f" in namespace {namespace!r}"
+            )
     changed = 0
     for target in targets:
         what = f"namespace {namespace!r}" if target is None else f"job {target!r}"
@@ -348,6 +478,74 @@ def control_verb(args: argparse.Namespace, control: Control, out: TextIO) -> int
             print(f"resumed {what}" if done else f"{what} was not paused", file=out)
         changed += done
     return EXIT_OK if changed else EXIT_EMPTY
+
+
+def _next_slots(args: argparse.Namespace, control: Control, out: TextIO) -> int:
+    """``next JOB [-n N]``: the job's next slots in its time zone and in UTC, DST gaps
+    and folds marked; :data:`EXIT_EMPTY` if it has ended."""
+    now = datetime.now(timezone.utc)
+    upcoming, schedule, source = control.next_slots(args.job, args.n, now)
+    zone = zone_of(schedule)
+    print(f"{args.job}: {schedule.describe()} ({source})", file=out)
+    if not upcoming:
+        end = schedule.end if isinstance(schedule, Bounded) else None
+        when = f" at {end.isoformat()}" if end is not None else ""
+        print(f"no slot to come: {args.job!r} ended{when}", file=out)
+        return EXIT_EMPTY
+    # In the job's zone and in UTC: one column when they are the same.
+    local = zone != "UTC"
+    rows: list[tuple[str, ...]] = [(*([f"slot ({zone})"] if local else []), "slot (UTC)", "note")]
+    for slot in upcoming:
+        wall = [slot.local.strftime("%Y-%m-%d %H:%M:%S %Z %z")] if local else []
+        rows.append((*wall, slot.slot.strftime("%Y-%m-%d %H:%M:%S"), slot.note or "-"))
+    _table(rows, out)
+    if len(upcoming) < args.n:
+        print(f"no slot after these: {args.job!r} ends then", file=out)
+    return EXIT_OK
+
+
+def _once_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of ``once``: ``JOB --at TIME``, ``--cancel``, or ``--pending [JOB]``."""
+    parser.add_argument("job", metavar="JOB", nargs="?")
+    parser.add_argument(
+        "--at", type=moment, metavar="TIME", help="when: ISO 8601 (UTC if no offset)"
+    )
+    what = parser.add_mutually_exclusive_group()
+    what.add_argument("--cancel", action="store_true", help="remove the one-off at --at")
+    what.add_argument(
+        "--pending", action="store_true", help="list the one-offs not yet run (of JOB, or all)"
+    )
+    parser.add_argument(
+        "--unrecorded", action="store_true", help="a job the store has no record of yet"
+    )
+
+
+def _once(args: argparse.Namespace, control: Control, out: TextIO) -> int:
+    """``once JOB --at TIME`` (``--cancel``), or ``once --pending [JOB]``."""
+    if args.pending:
+        pending = control.pending_once(args.job, MAX_NEXT)
+        if not pending:
+            print("no one-off waiting" + (f" for {args.job!r}" if args.job else ""), file=out)
+            return EXIT_EMPTY
+        rows = [("slot (UTC)", "job", "asked by")]
+        for entry in pending:
+            when = from_ms(entry.due_ms).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+            rows.append((when, entry.job, who_asked(entry.value)))
+        _table(rows, out)
+        return EXIT_OK
+    if args.job is None or args.at is None:
+        raise ConfigurationError("once: name the job and give --at TIME (or --pending)")
+    when = f"{args.at.astimezone(timezone.utc):%Y-%m-%d %H:%M:%S} UTC"
+    if args.cancel:
+        if control.cancel_once(args.job, args.at):
+            print(f"cancelled the one-off of {args.job!r} at {when}", file=out)
+            return EXIT_OK
+        print(f"no one-off of {args.job!r} waiting at {when}", file=out)
+        return EXIT_EMPTY
+    slot_id = control.once(args.job, args.at, unrecorded=args.unrecorded)
+    print(f"asked to run {slot_id} once at {when}: the first instance that claims it runs it",
+          file=out)  # fmt: skip
+    return EXIT_OK
 
 
 def moment(text: str) -> datetime:
@@ -390,7 +588,43 @@ def _definition_fields(args: argparse.Namespace) -> dict[str, Any]:
     options = {name: getattr(args, name) for name in OPTIONS if getattr(args, name) is not None}
     if options:
         given["job_options"] = options
+    rules: dict[str, Any] = {}
+    if args.overlap is not None:
+        rules["overlap"] = args.overlap
+    if args.limit is not None:
+        rules["limit"] = _limit(args.limit)
+    if args.pause_on_failure is not None:
+        rules["pause_on_failure"] = args.pause_on_failure == "true"
+    if rules:
+        given["rules"] = rules
+    for bound in ("start", "end"):
+        text = getattr(args, bound, None)
+        if text is None:
+            continue
+        text = text.strip()
+        if text.lower() == CLEAR:
+            if args.verb == "change":
+                given[bound] = None  # cleared: the stored schedule no longer has one
+            continue
+        # ISO 8601's "Z" for UTC, read alike by every Python version.
+        given[bound] = text[:-1] + "+00:00" if text[-1:] in ("Z", "z") else text
     return given
+
+
+#: The value of ``--start`` and ``--end`` that clears a stored schedule's bound (``change``).
+CLEAR = "none"
+
+
+def _limit(text: str) -> int | None:
+    """``--limit``: a whole number of slots, or ``none`` (no limit)."""
+    if text.strip().lower() == CLEAR:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigurationError(
+            f"--limit {text!r}: a whole number of slots, or {CLEAR!r} for no limit"
+        ) from None
 
 
 def _store_arguments(parser: argparse.ArgumentParser) -> None:
@@ -404,7 +638,7 @@ def add_control_verbs(
     store_option: bool,
     extra: Callable[[argparse.ArgumentParser], None] | None = None,
 ) -> None:
-    """Add ``jobs``, ``pause``, ``resume`` and ``history`` to an argparse subparsers object.
+    """Add the control verbs (:data:`CONTROL_VERBS`) to an argparse subparsers object.
 
     With ``store_option``, each takes ``--store`` and ``--namespace`` (the
     ``anarchon`` command); otherwise the caller knows its store, and adds
@@ -422,7 +656,11 @@ def add_control_verbs(
             extra(parser)
         return parser
 
-    verb("jobs", "every job recorded in the store: paused or not, its last slot and run")
+    verb(
+        "jobs",
+        "every job recorded, stored or declared by a live instance: paused or not, its last"
+        " slot and run, its next slot",
+    )
     for name, what in (("pause", "pause"), ("resume", "resume")):
         parser = verb(name, f"{what} jobs by name, or the whole namespace with --all")
         parser.add_argument("jobs", nargs="*", metavar="JOB")
@@ -450,11 +688,32 @@ def add_control_verbs(
         parser.add_argument("--cron", help="a cron expression")
         parser.add_argument("--timezone", help="the cron expression's timezone (default UTC)")
         parser.add_argument("--anchor", type=float, help="every= grid anchor, Unix seconds")
+        for bound, what in (("start", "no slot before"), ("end", "no slot after")):
+            parser.add_argument(
+                "--" + bound,
+                metavar="TIME",
+                help=f"{what} this time, included: ISO 8601 with its offset, e.g."
+                " 2027-01-01T00:00:00+00:00"
+                + (f" ({CLEAR!r} clears it)" if name == "change" else ""),
+            )
         parser.add_argument("--args", help="a JSON list of positional arguments")
         parser.add_argument("--kwargs", help="a JSON object of keyword arguments")
         parser.add_argument("--options", help="a JSON object: Celery/Dramatiq send options")
         for option in OPTIONS:
             parser.add_argument("--" + option.replace("_", "-"), type=float, metavar="SECONDS")
+        parser.add_argument(
+            "--overlap",
+            metavar="POLICY",
+            help="skip (the default), buffer_one, buffer_all or cancel_other",
+        )
+        parser.add_argument(
+            "--limit", metavar="N", help=f"the slots it runs in all ({CLEAR!r}: no limit)"
+        )
+        parser.add_argument(
+            "--pause-on-failure",
+            choices=("true", "false"),
+            help="pause the job on every instance after a run ends failed",
+        )
         if name == "change":
             parser.add_argument("--version", type=int, help="fail unless the stored one is this")
     parser = verb("remove", "remove a stored schedule: every instance stops it within a second")
@@ -480,9 +739,19 @@ def add_control_verbs(
     parser.add_argument(
         "--unrecorded", action="store_true", help="a job the store has no record of yet"
     )
+    _once_arguments(verb("once", "run a job once at a given time, on one instance"))
     parser = verb("history", "the most recent attempts of a job, newest first")
     parser.add_argument("job", metavar="JOB")
     parser.add_argument("--limit", type=int, default=20, help="attempts to show (default 20)")
+    parser = verb(
+        "next",
+        "the next slots of a job, in its time zone and in UTC, DST gaps and folds marked"
+        " (its schedule as the live instances declare it, or as stored)",
+    )
+    parser.add_argument("job", metavar="JOB")
+    parser.add_argument(
+        "-n", type=int, default=10, help=f"slots to show (default 10, at most {MAX_NEXT})"
+    )
 
 
 def check_control_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -491,6 +760,8 @@ def check_control_args(parser: argparse.ArgumentParser, args: argparse.Namespace
         parser.error(f"{args.verb}: name the jobs, or give --all for the whole namespace")
     if args.verb == "history" and not 1 <= args.limit <= HISTORY:
         parser.error(f"history: --limit {args.limit}: 1 to {HISTORY}")
+    if args.verb == "next" and not 1 <= args.n <= MAX_NEXT:
+        parser.error(f"next: -n {args.n}: 1 to {MAX_NEXT}")
 
 
 def run_control(
@@ -517,8 +788,11 @@ def run_control(
 
 #: The control verbs, as the commands name them.
 CONTROL_VERBS = (
-    "jobs", "pause", "resume", "trigger", "backfill", "history", "add", "change", "remove"
+    "jobs", "pause", "resume", "trigger", "backfill", "history", "next", "add", "change",
+    "remove", "once"
 )  # fmt: skip
+#: The most slots ``next`` shows.
+MAX_NEXT = 1000
 
 _EXITS = (
     "Exit status: 0 changed or shown, 1 nothing changed (already so, or an unknown job),"
@@ -540,7 +814,8 @@ def main(argv: list[str] | None = None) -> int:
     show = commands.add_parser(
         "status",
         help="jobs, slots and leases recorded in a store",
-        description="Exit status: 0 jobs shown, 1 none recorded in the namespace, 2 bad URL"
+        description="Exit status: 0 jobs shown, 1 none recorded, stored or declared by a live"
+        " instance in the namespace, 2 bad URL"
         " or missing driver, 3 the store cannot be reached or refused the connection.",
     )
     show.add_argument("--store", required=True, help="store URL, e.g. sqlite:///jobs.db")

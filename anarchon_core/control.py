@@ -9,22 +9,39 @@ own atomic step (see :meth:`anarchon_core.store.Store.claim`).
 
 from __future__ import annotations
 
+import getpass
 import json
+import socket
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from . import pauses
+from .declarations import Declared, DeclaredJobs, Reader
 from .errors import ConfigurationError, Conflict
 from .errors import JobPaused as JobPaused  # defined with every error; importable here as before
 from .errors import UnknownJob as UnknownJob
-from .jobs import JobOptions
+from .jobs import JobOptions, Rules
 from .names import check_name
-from .schedules import Schedule, make_schedule
+from .once import entry_value
+from .schedules import Schedule, Upcoming, make_schedule, moment, preview
 from .slots import BACKFILL, Slot
-from .store import JobState, JobStats, Paused, RunRecord, Store
+from .store import (
+    ControlStore,
+    InstanceRecord,
+    JobState,
+    JobStats,
+    OnceEntry,
+    OnceStore,
+    Paused,
+    RegistryStore,
+    RunRecord,
+    Store,
+    onces,
+)
 
 #: Prefixes of the control entries: run-now requests, the marks of slots run on
 #: request, and the schedules defined in the store.
@@ -35,6 +52,8 @@ RUN_NOW, MANUAL, DEFINED, FILL, CATCH_UP = "run/", "manual/", "def/", "fill/", "
 RUN_NOW_LEAD = 2.0
 #: The options a stored schedule may set, as in ``Scheduler.add_job``.
 OPTIONS = ("lease", "renew", "jitter", "catch_up", "watch")
+#: The rules a stored schedule may set (see :class:`~anarchon_core.Rules`).
+RULES = ("overlap", "limit", "pause_on_failure")
 
 
 @dataclass(frozen=True)
@@ -46,8 +65,10 @@ class Definition:
     task's name, a Dramatiq actor's name. ``args``, ``kwargs`` and ``options``
     are JSON values passed to it (Celery: ``apply_async`` options; Dramatiq:
     message options). ``job_options`` holds ``lease``, ``renew``, ``jitter``,
-    ``catch_up``, ``watch`` in seconds. ``version`` is the store's (0 before
-    it was written).
+    ``catch_up``, ``watch`` in seconds. ``start`` and ``end`` (aware
+    datetimes or ISO 8601 strings with an offset, kept as ISO strings in
+    UTC) bound its slots, both included, as ``Scheduler.add_job``'s.
+    ``version`` is the store's (0 before it was written).
     """
 
     name: str
@@ -57,22 +78,45 @@ class Definition:
     timezone: str | None = None
     #: Unix seconds of the every= grid's anchor (default: the Unix epoch).
     anchor: float | None = None
+    #: No slot before it (ISO 8601 with its offset; an aware datetime is accepted).
+    start: datetime | str | None = None
+    #: No slot after it (ISO 8601 with its offset; an aware datetime is accepted).
+    end: datetime | str | None = None
     args: tuple[Any, ...] = ()
     kwargs: Mapping[str, Any] = field(default_factory=dict)
     options: Mapping[str, Any] = field(default_factory=dict)
     job_options: Mapping[str, float] = field(default_factory=dict)
+    #: Its rules: ``overlap``, ``limit``, ``pause_on_failure`` (see :class:`~anarchon_core.Rules`).
+    rules: Mapping[str, Any] = field(default_factory=dict)
     version: int = 0
 
     def __post_init__(self) -> None:
         check_name(self.name)
         check_name(self.handler, "handler name")
+        for bound in ("start", "end"):  # kept as written down: ISO 8601, in UTC
+            value = getattr(self, bound)
+            if value is not None:
+                try:
+                    object.__setattr__(self, bound, moment(bound, value).isoformat())
+                except ConfigurationError as exc:
+                    raise ConfigurationError(f"job {self.name!r}: {exc}") from None
         self.schedule()  # every error now, naming it, before anything is written
         unknown = set(self.job_options) - set(OPTIONS)
         if unknown:
             raise ConfigurationError(f"job {self.name!r}: unknown options {sorted(unknown)}")
         JobOptions.build(**self.job_options)
+        unknown = set(self.rules) - set(RULES)
+        if unknown:
+            raise ConfigurationError(f"job {self.name!r}: unknown rules {sorted(unknown)}")
         try:
-            json.dumps([list(self.args), dict(self.kwargs), dict(self.options)], allow_nan=False)
+            Rules.build(**self.rules)
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"job {self.name!r}: {exc}") from None
+        try:
+            json.dumps(
+                [list(self.args), dict(self.kwargs), dict(self.options), dict(self.rules)],
+                allow_nan=False,
+            )
         except (TypeError, ValueError) as exc:
             raise ConfigurationError(
                 f"job {self.name!r}: args, kwargs and options must be JSON values: {exc}"
@@ -84,7 +128,12 @@ class Definition:
             anchor = datetime.fromtimestamp(self.anchor, timezone.utc)
         try:
             return make_schedule(
-                every=self.every, cron=self.cron, timezone=self.timezone, anchor=anchor
+                every=self.every,
+                cron=self.cron,
+                timezone=self.timezone,
+                anchor=anchor,
+                start=self.start,
+                end=self.end,
             )
         except ConfigurationError as exc:
             raise ConfigurationError(f"job {self.name!r}: {exc}") from None
@@ -93,6 +142,11 @@ class Definition:
         data = asdict(self)
         del data["name"], data["version"]
         data["args"] = list(self.args)
+        for bound in ("start", "end"):  # unset: left out, as instances that predate them wrote
+            if data[bound] is None:
+                del data[bound]
+        if not data["rules"]:
+            del data["rules"]  # likewise
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     @classmethod
@@ -106,9 +160,16 @@ class Definition:
             raise ConfigurationError(f"stored schedule of {name!r} is unreadable: {exc}") from None
 
     def describe(self) -> str:
+        """``every 60s, starting 2027-01-01T00:00:00+00:00 -> report``."""
         when = f"every {self.every:g}s" if self.every is not None else f"cron {self.cron!r}"
         if self.timezone:
             when += f" ({self.timezone})"
+        if self.start is not None:
+            when += f", starting {self.start}"
+        if self.end is not None:
+            when += f", ending {self.end}"
+        for rule, value in sorted(self.rules.items()):
+            when += f", {rule.replace('_', ' ')}" if value is True else f", {rule} {value}"
         return f"{when} -> {self.handler}"
 
 
@@ -125,6 +186,38 @@ class JobStatus:
     defined: Definition | None = None
     #: Its counts (runs, takeovers, last success and failure), once it ran.
     stats: JobStats | None = None
+    #: How the live instances declare it (``None``: none says it does).
+    declared: Declared | None = None
+
+    def schedule(self) -> Schedule | None:
+        """The schedule it runs on, as far as the namespace tells: as the live instances
+        declare it (code wins over a stored schedule), else as stored; ``None`` if
+        neither tells (or it is of a kind that cannot be written down)."""
+        if self.declared is not None:
+            return self.declared.schedule
+        return self.defined.schedule() if self.defined is not None else None
+
+    @property
+    def limit(self) -> int | None:
+        """Its run limit, as the live instances declare it, else as stored; None if none."""
+        form = self.declared.spec if self.declared is not None else None
+        if form is not None:
+            value = form.get("limit")
+        elif self.defined is not None:
+            value = self.defined.rules.get("limit")
+        else:
+            return None
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    def limit_note(self) -> str:
+        """``limit reached (5 of 5)`` or ``3 of 5 slots``; empty without a limit."""
+        limit = self.limit
+        if limit is None:
+            return ""
+        claims = self.stats.claims if self.stats is not None else 0
+        if claims >= limit:
+            return f"limit reached ({claims} of {limit})"
+        return f"{claims} of {limit} slots"
 
 
 class Control:
@@ -144,12 +237,81 @@ class Control:
         else:
             self.store = store
             self._owns_store = False
+        self._reader = Reader()
 
     def known(self, job: str) -> bool:
-        """Whether ``job`` has a record (or its backfill has), a pause mark or a stored schedule."""
+        """Whether ``job`` has a record (or its backfill has), a pause mark or a stored
+        schedule, or a live instance declares it."""
         if self.store.states([job, job + BACKFILL]) or job in self.store.paused().jobs:
             return True  # a record of its own, or of its backfill
-        return DEFINED + job in self.store.controls(DEFINED + job)
+        if DEFINED + job in self.store.controls(DEFINED + job):
+            return True
+        return job in self.declarations().jobs
+
+    def declarations(self, instances: Sequence[InstanceRecord] | None = None) -> DeclaredJobs:
+        """The jobs the live instances declare, with their schedules (see
+        :mod:`anarchon_core.declarations`); ``instances``: the registry, if read already.
+
+        Empty on a store without a registry or control entries (RabbitMQ).
+        """
+        store = self.store
+        if not (isinstance(store, RegistryStore) and isinstance(store, ControlStore)):
+            return DeclaredJobs()
+        return self._reader.read(store, store.instances() if instances is None else instances)
+
+    def schedule_of(self, job: str) -> tuple[Schedule, str]:
+        """The schedule ``job`` runs on, and where it was read from.
+
+        As the live instances declare it (most of them, while they disagree),
+        else as stored. :class:`UnknownJob` if neither tells: a name nothing
+        knows, or a job recorded whose instances are all gone (or say nothing
+        of their jobs), or declared with a schedule that cannot be written down.
+        """
+        check_name(job)
+        declared = self.declarations().jobs.get(job)
+        namespace = self.store.namespace
+        if declared is not None:
+            if declared.schedule is None:
+                raise UnknownJob(
+                    f"job {job!r} is declared by {declared.instances} live instance(s) with a"
+                    " schedule that cannot be written down (a kind of its own, or one this"
+                    " version cannot read): its slots cannot be worked out here"
+                )
+            said = f"declared by {declared.instances} live instance(s)"
+            if len(declared.forms) > 1:
+                said += f"; {len(declared.forms)} schedules declared: the instances disagree"
+            return declared.schedule, said
+        if isinstance(self.store, ControlStore):
+            found = self.store.controls(DEFINED + job).get(DEFINED + job)
+            if found is not None:
+                stored = Definition.from_json(job, found[1], found[0])
+                return stored.schedule(), f"stored (v{stored.version})"
+        if not isinstance(self.store, RegistryStore):
+            raise ConfigurationError(
+                f"{type(self.store).__name__} keeps no registry of instances nor stored"
+                " schedules: the schedule of a job cannot be read from it"
+            )
+        if self.known(job):
+            raise UnknownJob(
+                f"job {job!r} is known in namespace {namespace!r} (recorded, or paused by"
+                " name), but no live instance says it declares it and no schedule of it is"
+                " stored: its schedule is unknown here (are its instances running, and of"
+                " this version?)"
+            )
+        raise UnknownJob(
+            f"no job named {job!r} is declared by a live instance, stored or recorded in"
+            f" namespace {namespace!r}"
+        )
+
+    def next_slots(
+        self, job: str, n: int = 10, after: datetime | None = None
+    ) -> tuple[list[Upcoming], Schedule, str]:
+        """The next ``n`` slots of ``job`` after ``after`` (default: now), each with its
+        wall time in the job's time zone and the DST gaps and folds marked; its schedule,
+        and where it was read from (see :meth:`schedule_of`). Fewer past its end."""
+        schedule, source = self.schedule_of(job)
+        when = datetime.now(timezone.utc) if after is None else after
+        return preview(schedule, n, when), schedule, source
 
     def pause(self, job: str | None = None, *, unrecorded: bool = False) -> bool:
         """Pause ``job`` (``None``: the whole namespace); ``False`` if it was paused already.
@@ -169,7 +331,7 @@ class Control:
         runs too, once, with its own slot id, if it is still within the job's
         catch-up window (the window a late instance would claim it in); an
         older one never does (no burst). For the namespace, that applies to
-        every job the store has recorded. The resume then waits
+        every job :meth:`jobs` lists. The resume then waits
         :data:`RUN_NOW_LEAD` seconds, for every instance to read the request.
         """
         if catch_up and self.store.paused().covers(job or ""):
@@ -181,30 +343,44 @@ class Control:
                 key = f"{CATCH_UP}{name}/{uuid.uuid4().hex[:12]}"
                 self.store.set_control(key, json.dumps({"asked": asked}), 0)
             time.sleep(RUN_NOW_LEAD)
-        return self.store.resume(job)
+        resumed = self.store.resume(job)
+        if job is not None:
+            pauses.clear(self.store, job)  # why it was paused (pause_on_failure) goes with it
+        return resumed
 
     def paused(self) -> Paused:
         return self.store.paused()
 
     def jobs(self) -> list[JobStatus]:
-        """Every job with a record, a pause mark or a stored schedule, sorted by name."""
+        """Every job with a record, a pause mark or a stored schedule, or declared by a
+        live instance, sorted by name."""
         return self.listing()[0]
 
     def listing(
-        self, limit: int | None = None, paused: Paused | None = None
+        self,
+        limit: int | None = None,
+        paused: Paused | None = None,
+        declared: DeclaredJobs | None = None,
     ) -> tuple[list[JobStatus], int]:
         """The first ``limit`` jobs of :meth:`jobs` (only theirs are read), and how many
-        jobs there are in all. ``paused``: what :meth:`paused` said, if read already."""
+        jobs there are in all. ``paused``, ``declared``: what :meth:`paused` and
+        :meth:`declarations` said, if read already."""
         paused = self.store.paused() if paused is None else paused
+        declared = self.declarations() if declared is None else declared
         defined = self.definitions()
         recorded = {name for name in self.store.jobs() if not name.endswith(BACKFILL)}
-        every = sorted(recorded | set(paused.jobs) | set(defined))
+        every = sorted(recorded | set(paused.jobs) | set(defined) | set(declared.jobs))
         names = every[:limit]
         states = self.store.states(names)
         stats = self.store.stats(names)
         shown = [
             JobStatus(
-                name, states.get(name), name in paused.jobs, defined.get(name), stats.get(name)
+                name,
+                states.get(name),
+                name in paused.jobs,
+                defined.get(name),
+                stats.get(name),
+                declared.jobs.get(name),
             )
             for name in names
         ]
@@ -254,6 +430,11 @@ class Control:
         unknown = set(changes) - set(data) - {"version"}
         if unknown:
             raise ConfigurationError(f"job {name!r}: no field {sorted(unknown)} to change")
+        for merged in ("job_options", "rules"):  # one changed leaves the others as they are
+            if changes.get(merged) is not None:
+                changes[merged] = {
+                    k: v for k, v in {**data[merged], **changes[merged]}.items() if v is not None
+                }
         data.update(changes)
         data["args"] = tuple(data["args"])
         new = Definition(**data)
@@ -380,6 +561,58 @@ class Control:
         prefix = f"{MANUAL}{job}/"
         return {int(key[len(prefix) :]) for key in self.store.controls(prefix)}
 
+    # -- one-off runs ------------------------------------------------------------
+
+    def once(
+        self, job: str, at: datetime | str, *, unrecorded: bool = False, by: str | None = None
+    ) -> str:
+        """Ask for one run of ``job`` at ``at`` (an aware datetime or an ISO 8601 string
+        with its offset); the id of the slot it runs as (``job@<unix ms>``).
+
+        The one-off is kept in the store until its time: the instances that declare
+        the job claim its slot then, like any slot, so it runs once (late, within
+        the job's catch-up window, if every instance was down at its time; past
+        that, it is reported missed). The job's scheduled slots after it wait for
+        it. Asking again for the same time changes nothing. ``at`` in the past is
+        refused (:meth:`trigger` runs a job now), as is a job whose record is at
+        that slot or later already. A job with no trace in the store raises
+        :class:`UnknownJob` unless ``unrecorded``; a store that keeps no one-offs
+        (RabbitMQ) raises :class:`~anarchon_core.ConfigurationError`.
+        """
+        store = onces(self.store)
+        when = moment("at", at)
+        check_name(job)
+        now = time.time()
+        if when.timestamp() < now:
+            raise ConfigurationError(
+                f"once {job!r}: at={when.isoformat()} is in the past (now"
+                f" {datetime.fromtimestamp(now, timezone.utc):%Y-%m-%d %H:%M:%S} UTC):"
+                " `trigger` runs a job now"
+            )
+        if not unrecorded:
+            self._check_known(job)
+        slot = Slot(job, when)
+        record = self.store.state(job)
+        if record is not None and record.slot_ms >= slot.ms:
+            raise ConfigurationError(
+                f"once {job!r}: its record is at {Slot.from_ms(job, record.slot_ms).id} already,"
+                f" not before {slot.id}: a slot that old would never run"
+            )
+        who = by or f"{getpass.getuser()}@{socket.gethostname()}"
+        store.add_once([OnceEntry(slot.ms, job, entry_value(who, now))])
+        return slot.id
+
+    def cancel_once(self, job: str, at: datetime | str) -> bool:
+        """Remove the one-off of ``job`` at ``at`` not yet run; ``False`` if there is none."""
+        return onces(self.store).remove_once(job, Slot(check_name(job), moment("at", at)).ms)
+
+    def pending_once(self, job: str | None = None, limit: int = 100) -> list[OnceEntry]:
+        """The one-offs not yet run (of ``job``, or of every job), oldest first (see
+        :meth:`once`); empty on a store that keeps none."""
+        if not isinstance(self.store, OnceStore):
+            return []
+        return self.store.pending_once(job, limit)
+
     def close(self) -> None:
         if self._owns_store:
             self.store.close()
@@ -394,7 +627,8 @@ class Control:
         check_name(job)
         if not self.known(job):
             raise UnknownJob(
-                f"no job named {job!r} is recorded in namespace {self.store.namespace!r}"
+                f"no job named {job!r} is recorded, stored or declared by a live instance"
+                f" in namespace {self.store.namespace!r}"
             )
 
 

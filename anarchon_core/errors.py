@@ -75,6 +75,16 @@ class LeaseLost(AnarchonError):
     """
 
 
+class Cancelled(AnarchonError):
+    """The run was asked to stop: a newer slot of its job waits for it to end.
+
+    Raised by :meth:`anarchon_core.Run.check` once ``run.cancelled`` is true
+    (a job declared with ``overlap="cancel_other"``). A handler may let it
+    propagate: the run then ends ``done``, like a handler that returns, and
+    the waiting slot starts.
+    """
+
+
 class DispatchFailed(AnarchonError):
     """A handler that hands its slot's work off could not send it (the broker is unreachable).
 

@@ -66,6 +66,9 @@ class EventKind(str, enum.Enum):
     PAUSED = ("paused", logging.DEBUG)
     #: A ``pause_on_failure`` job was paused after a run ended failed (on every instance).
     PAUSED_ON_FAILURE = ("paused_on_failure", logging.WARNING)
+    #: The slot was not started: its job has run its ``limit`` of slots (counted in the
+    #: store, across instances); this instance claims no more of it.
+    LIMIT_REACHED = ("limit_reached", logging.INFO)
     #: A slot was not claimed, or a handed-off run was never picked up.
     MISSED = ("missed", logging.WARNING)
     #: The store stopped answering, or answered with an error (once per outage).

@@ -56,6 +56,12 @@ COUNTERS: tuple[tuple[str, str, tuple[EventKind, ...]], ...] = (
         (EventKind.OVERLAP,),
     ),
     (
+        "anarchon_limit_reached",
+        "Claims of this instance refused because the job has run its limit of slots (it then"
+        " claims the job no more).",
+        (EventKind.LIMIT_REACHED,),
+    ),
+    (
         "anarchon_runs_failed",
         "Runs of this instance that ended as failed (the handler raised, or the dispatch failed).",
         (EventKind.FAILED, EventKind.DISPATCH_FAILED),

@@ -1,6 +1,6 @@
 """``dramatiq-anarchon BROKER [MODULES...]``: the scheduler alone, safe to run in every pod.
 
-``dramatiq-anarchon jobs|pause|resume|trigger|history BROKER ...`` are the
+``dramatiq-anarchon jobs|pause|resume|trigger|history|next BROKER ...`` are the
 control verbs of the ``anarchon`` command (same arguments and exit codes),
 on the store and namespace of the broker's middleware; a job is an actor's
 name.

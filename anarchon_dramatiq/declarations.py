@@ -6,9 +6,10 @@ of the middleware's defaults (``schedule_lease``, ``schedule_jitter``,
 ``schedule_catch_up``), the bounds of its slots (``schedule_start``,
 ``schedule_end``), its rules (``schedule_overlap``, ``schedule_limit``,
 ``schedule_pause_on_failure``) and how long a slot's message stays worth processing,
-counted from the slot's time (``schedule_expires``). A declaration is
-checked as the engine will check the actor's job, so that a bad one fails
-at import, naming the actor.
+counted from the slot's time (``schedule_expires``). An actor declared with
+``schedule_at=`` (a time) instead runs once, at that time (a one-off). A
+declaration is checked as the engine will check the actor's job, so that a
+bad one fails at import, naming the actor.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dramatiq.middleware import MiddlewareError
 from anarchon_core import ConfigurationError, Job, JobOptions, Rules
 from anarchon_core.durations import parse_duration, within
 from anarchon_core.handoff import check_pickup
+from anarchon_core.once import once_schedule
 from anarchon_core.schedules import make_schedule, moment
 
 #: Actor option -> job option.
@@ -42,8 +44,10 @@ RULES = {
     "schedule_limit": "limit",
     "schedule_pause_on_failure": "pause_on_failure",
 }
+#: The actor option of a one-off: the actor's message is sent once, at that time.
+AT = "schedule_at"
 #: The actor options that declare a periodic actor.
-OPTIONS = frozenset({"schedule", "schedule_timezone", *OVERRIDES, *BOUNDS, EXPIRES, *RULES})
+OPTIONS = frozenset({"schedule", "schedule_timezone", *OVERRIDES, *BOUNDS, EXPIRES, *RULES, AT})
 #: The shortest expiry: Dramatiq counts a message's age in whole milliseconds.
 MIN_EXPIRES = 0.001
 
@@ -88,6 +92,9 @@ class Periodic:
     expires: float | None = None
     #: The job's rules (``overlap``, ``limit``, ``pause_on_failure``), as given.
     rules: dict[str, Any] = field(default_factory=dict)
+    #: A one-off's time (``schedule_at``), aware UTC: its one slot (``every`` and
+    #: ``cron`` are then None).
+    at: datetime | None = None
 
 
 def read_expires(value: Any, age_limited: bool) -> float:
@@ -150,6 +157,8 @@ def _read(
     pickup: float,
     age_limited: bool,
 ) -> Periodic:
+    if options.get(AT) is not None:
+        return _read_once(name, options, defaults, pickup, age_limited)
     value = options.get("schedule")
     if value is None:
         raise ConfigurationError(f"{', '.join(sorted(options))} given without schedule=")
@@ -200,3 +209,31 @@ def _read(
         expires=expires,
         rules=rules,
     )
+
+
+# -- one-off actors -------------------------------------------------------------------
+
+
+def _read_once(
+    name: str,
+    options: Mapping[str, Any],
+    defaults: JobOptions,
+    pickup: float,
+    age_limited: bool,
+) -> Periodic:
+    """A one-off actor (``schedule_at=``): its message sent once, at that time, by one
+    scheduler (kept in the store until then, and caught up within ``schedule_catch_up``
+    if every scheduler was down at its time)."""
+    given = {k for k, v in options.items() if v is not None}
+    other = sorted(given - {AT, EXPIRES, *OVERRIDES})
+    if other:
+        raise ConfigurationError(
+            f"{AT} runs the actor once, at its time: {', '.join(other)} do not apply"
+        )
+    at = moment(AT, options[AT])
+    overrides = {OVERRIDES[k]: v for k, v in options.items() if k in OVERRIDES}
+    job_options = defaults.merged(**overrides)
+    Job.check(name, once_schedule(at), job_options)
+    check_pickup(pickup, job_options.lease)
+    expires = None if options.get(EXPIRES) is None else read_expires(options[EXPIRES], age_limited)
+    return Periodic(name, None, None, None, None, overrides, expires=expires, at=at)

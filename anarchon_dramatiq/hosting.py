@@ -207,6 +207,10 @@ class SchedulerHost(Middleware):
             resolve=lambda definition: self._stored(broker, engine, definition),
         )
         for spec in self.periodic.values():
+            if spec.at is not None:  # a one-off: kept in the store until its time
+                dispatcher = self._dispatcher(broker, engine, spec.actor_name, expires=spec.expires)
+                engine.once(spec.actor_name, spec.at, dispatcher, **spec.overrides)
+                continue
             engine.add_job(
                 self._dispatcher(broker, engine, spec.actor_name, expires=spec.expires),
                 name=spec.actor_name,

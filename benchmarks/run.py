@@ -21,7 +21,8 @@ The suite, each part a table of docs/benchmarks.md (``engine``: the cases of
 fleet keeps up with; ``failover``: benchmarks/failover.py; ``celery``:
 benchmarks/celery_beat.py; ``apscheduler``: benchmarks/apscheduler_peer.py
 beside anarchon on PostgreSQL; ``django``: benchmarks/django_beat.py,
-django-celery-beat's rows); it needs the ``bench`` dependency group::
+django-celery-beat's rows; ``once``: benchmarks/once.py, 100,000 pending one-offs);
+it needs the ``bench`` dependency group::
 
     .venv/bin/python -m benchmarks.run --suite --write docs/benchmarks.md
     .venv/bin/python -m benchmarks.run --suite --parts celery --write docs/benchmarks.md
@@ -343,7 +344,7 @@ def _drop(store: str, namespace: str) -> None:
 
 
 #: The parts of the suite: each a table of its own in docs/benchmarks.md.
-PARTS = ("engine", "sql", "overload", "failover", "celery", "apscheduler", "django")
+PARTS = ("engine", "sql", "overload", "failover", "celery", "apscheduler", "django", "once")
 #: The engine's cases profiled with py-spy (their first instance, over the window).
 PROFILED = {(REDIS, 1000, 3), (REDIS, 10000, 10), (POSTGRES, 10000, 3)}
 
@@ -405,6 +406,10 @@ def suite_part(part: str) -> tuple[str, list[str]]:
         from benchmarks import celery_beat
 
         return celery_beat.HEADER, celery_beat.run(entries=1000, seconds=60)
+    if part == "once":
+        from benchmarks import once
+
+        return once.HEADER, once.run((REDIS, POSTGRES))
     if part == "django":
         from benchmarks import django_beat
 

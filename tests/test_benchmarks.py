@@ -95,3 +95,18 @@ def test_an_unknown_part_is_refused_before_any_part_runs(monkeypatch: pytest.Mon
     with pytest.raises(SystemExit):
         run.main(["--suite", "--parts", "engine,overloaded"])
     assert ran == []
+
+
+def test_a_short_once_case_reads_the_due_one_offs_once_a_second(tmp_path: Path) -> None:
+    """The one-offs part (benchmarks/once.py): pending one-offs, the due read, the engine."""
+    from benchmarks import once
+
+    result = once.run_case(f"sqlite:///{tmp_path}/once.db", 2000, 20, 3.0, reads=20, warmup=1.0)
+    assert len(result.read_ms) == 20 and all(ms > 0 for ms in result.read_ms)
+    # The engine read the due one-offs once per poll (every second), not more.
+    assert 0.5 <= result.reads_per_second <= 1.5, result
+    assert result.cpu_per_tick_ms > 0
+    row = result.row()
+    assert row.startswith("| sqlite | 2,000 | 10 |")
+    assert row.count("|") == once.HEADER.splitlines()[0].count("|")
+    assert "once" in run.PARTS

@@ -8,28 +8,34 @@ module. Either way each row becomes a :class:`~anarchon_celery.rows.Row` and
 is read by :func:`~anarchon_celery.rows.read_row`, as anarchon's beat reads
 it.
 
-A stored schedule has no start, no end and no one-off run yet, so a row that
-needs one is skipped, naming it: ``one_off`` and clocked rows, a
-``start_time`` still to come (one that has passed restricts no slot, and an
-interval's grid stays anchored at it), ``expires``, and ``expire_seconds``
-(each sent task's expiry, counted from its slot). Disabled rows are skipped
-as ``disabled``; solar rows with :func:`read_row`'s reason.
+A row's ``start_time`` becomes the stored schedule's ``start`` (no slot
+before it; an interval's grid stays anchored at it, as anarchon's beat runs
+the row), its ``expires`` the ``end`` (the last millisecond before it: a
+slot at ``expires`` itself does not run) and the ``expires`` send option,
+and its ``expire_seconds`` the ``expires`` send option in seconds, counted
+from the slot's time. A stored schedule has no one-off run yet, so
+``one_off`` and clocked rows are skipped, naming it, and so is a row whose
+``expires`` has passed (nothing of it runs any more). Disabled rows are
+skipped as ``disabled``; solar rows with :func:`read_row`'s reason.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from datetime import datetime
+from dataclasses import replace
+from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from anarchon_core.control import Definition
 from anarchon_core.errors import ConfigurationError, MissingDependency, StoreUnavailable
 from anarchon_core.urls import redact, scrub, secrets_in
 
 from ..rows import Row, RowSchedule, read_row, row_from_mapping
 from .plan import Found, Source, carried, definition_of
 
+_MS = timedelta(milliseconds=1)
 #: Every row with its schedule's columns, under the names :func:`row_of` reads.
 QUERY = """
 SELECT t.id, t.name, t.task, t.enabled, t.one_off, t.args, t.kwargs, t.queue, t.exchange,
@@ -93,13 +99,19 @@ def found_of(row: Row, now: datetime) -> Found:
         schedule = read_row(row)
     except ConfigurationError as exc:
         return Found(row.name, skipped=f"cannot be carried: {exc}")
-    why = _not_carried(schedule, now)
+    if schedule.expires is not None and schedule.expires <= now:
+        return Found(
+            row.name,
+            skipped=f"expired: its expires {schedule.expires.isoformat()} has passed,"
+            " so no slot of it runs any more",
+        )
+    why = _not_carried(schedule)
     if why is not None:
         return Found(row.name, skipped=f"cannot be carried: {why}")
-    return carried(row.name, definition_of, schedule.entry)
+    return carried(row.name, _definition, schedule)
 
 
-def _not_carried(schedule: RowSchedule, now: datetime) -> str | None:
+def _not_carried(schedule: RowSchedule) -> str | None:
     """What of the row a stored schedule cannot hold yet, or None."""
     if schedule.clocked is not None:
         return (
@@ -108,19 +120,28 @@ def _not_carried(schedule: RowSchedule, now: datetime) -> str | None:
         )
     if schedule.one_off:
         return "one_off: stored schedules have no one-off runs yet"
-    if schedule.start is not None and schedule.start > now:
-        return (
-            f"start_time {schedule.start.isoformat()} is still to come: stored schedules have"
-            " no start time yet (import it once that time has passed)"
-        )
-    if schedule.expires is not None:
-        return f"expires {schedule.expires.isoformat()}: stored schedules have no end time yet"
-    if schedule.expire_seconds is not None:
-        return (
-            f"expire_seconds {schedule.expire_seconds:g}: stored schedules have no expiry"
-            " per slot yet"
-        )
     return None
+
+
+def _definition(schedule: RowSchedule) -> Definition:
+    """The stored schedule of a row: its entry, bounded by ``start_time`` and ``expires``,
+    each task sent with the row's expiry (as anarchon's beat sends it)."""
+    entry, expires = schedule.entry, schedule.expires
+    options = dict(entry.options)
+    if schedule.expire_seconds is not None:  # counted from the slot's time
+        seconds = schedule.expire_seconds
+        options["expires"] = int(seconds) if seconds.is_integer() else seconds
+    elif expires is not None:
+        options["expires"] = expires.isoformat()
+    start = None if schedule.start is None else _ceil_ms(schedule.start)
+    end = None if expires is None else _ceil_ms(expires) - _MS
+    return definition_of(replace(entry, options=options), start, end)
+
+
+def _ceil_ms(when: datetime) -> datetime:
+    """``when`` rounded up to a whole millisecond, as slots are."""
+    extra = when.microsecond % 1000
+    return when + timedelta(microseconds=1000 - extra) if extra else when
 
 
 def read_tables(url: str, now: datetime) -> Source:

@@ -15,20 +15,25 @@ import json
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from enum import Enum
 from typing import Any, TextIO
 
 from anarchon_core.control import Control, Definition
 from anarchon_core.durations import parse_duration
 from anarchon_core.errors import ConfigurationError, Conflict, UnknownJob
+from anarchon_core.schedules import moment
 from anarchon_core.urls import redact
 
 from ..schedules import Entry
 
 #: A stored schedule's fields, in the order a change shows them.
 FIELDS = (
-    "handler", "every", "cron", "timezone", "anchor", "args", "kwargs", "options", "job_options"
+    "handler", "every", "cron", "timezone", "anchor", "start", "end", "args", "kwargs", "options",
+    "job_options",
 )  # fmt: skip
+#: The ``anarchon_*`` entry options that bound a job's slots, not job options.
+BOUNDS = ("start", "end")
 
 
 @dataclass(frozen=True)
@@ -61,10 +66,23 @@ def carried(name: str, make: Callable[..., Definition], *args: Any) -> Found:
         return Found(name, skipped=f"cannot be carried: {exc}")
 
 
-def definition_of(entry: Entry) -> Definition:
+def definition_of(
+    entry: Entry, start: datetime | None = None, end: datetime | None = None
+) -> Definition:
     """The stored schedule of an entry as the beat scheduler reads it: same task, grid or
-    cron, arguments and send options; its ``anarchon_*`` overrides as job options."""
-    job_options = {k: parse_duration(f"anarchon_{k}", v) for k, v in entry.overrides.items()}
+    cron, arguments and send options; its ``anarchon_start`` and ``anarchon_end`` as its
+    bounds (else ``start`` and ``end``), its other ``anarchon_*`` overrides as job options."""
+    if entry.at is not None:
+        raise ConfigurationError(
+            f"a one-off (at {entry.at.isoformat()}) is no stored schedule: keep it in"
+            " beat_schedule, or ask for it with `anarchon once`"
+        )
+    overrides = dict(entry.overrides)
+    bounds = {"start": start, "end": end}
+    for bound in BOUNDS:
+        if bound in overrides:
+            bounds[bound] = moment(f"anarchon_{bound}", overrides.pop(bound))
+    job_options = {k: parse_duration(f"anarchon_{k}", v) for k, v in overrides.items()}
     return Definition(
         name=entry.name,
         handler=entry.task,
@@ -72,6 +90,8 @@ def definition_of(entry: Entry) -> Definition:
         cron=entry.cron,
         timezone=entry.timezone,
         anchor=entry.anchor,
+        start=bounds["start"],
+        end=bounds["end"],
         args=tuple(entry.args),
         kwargs=dict(entry.kwargs),
         options=dict(entry.options),

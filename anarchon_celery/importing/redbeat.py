@@ -15,15 +15,18 @@ Each schedule is decoded into Celery's own schedule object and read by
 command is told). Disabled entries are skipped, and so are those that cannot
 be carried, with the reason: an ``rrule`` schedule, a relative interval,
 arguments or options holding values redbeat encodes that are not JSON (a
-datetime).
+datetime; except in ``anarchon_start`` and ``anarchon_end``, the bounds of
+the entry's slots, which become the stored schedule's ``start`` and ``end``).
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta, tzinfo
+from datetime import timezone as dt_timezone
 from typing import Any, cast
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import redis
 from celery.schedules import crontab, schedule
@@ -37,6 +40,8 @@ from .plan import Found, Source, carried, definition_of
 
 #: redbeat's default ``redbeat_key_prefix``.
 PREFIX = "redbeat:"
+#: The entry options that bound its slots (a datetime here is read, not refused).
+BOUND_OPTIONS = ("anarchon_start", "anarchon_end")
 
 
 @dataclass(frozen=True)
@@ -106,6 +111,9 @@ def _found(name: str, text: str, zone: str, statics: set[str]) -> Found:
 
 def _definition(name: str, data: dict[str, Any], zone: str) -> Definition:
     where = f"redbeat entry {name!r}"
+    options = data.get("options")
+    if isinstance(options, dict):  # a datetime saved as a bound: redbeat encoded it
+        data = dict(data, options={k: _bound(where, k, v) for k, v in options.items()})
     for field in ("args", "kwargs", "options"):
         kinds = _encoded_kinds(data.get(field))
         if kinds:
@@ -142,6 +150,25 @@ def _schedule(where: str, value: Any) -> Any:
             " expression, so anarchon cannot compute its slots; use an interval or a crontab"
         )
     raise ConfigurationError(f"{where}: a schedule of type {value.kind!r} is not supported")
+
+
+def _bound(where: str, option: str, value: Any) -> Any:
+    """An ``anarchon_start`` or ``anarchon_end`` option's datetime, which redbeat encodes as
+    ``{"__type__": "datetime", "year": ..., "timezone": <zone name or offset seconds>}``."""
+    if option not in BOUND_OPTIONS or not isinstance(value, Encoded) or value.kind != "datetime":
+        return value
+    fields = dict(value.fields)
+    zone = fields.pop("timezone", "UTC")
+    try:
+        if isinstance(zone, (int, float)):
+            tz: tzinfo = dt_timezone(timedelta(seconds=zone))
+        else:
+            tz = ZoneInfo(str(zone))
+        return datetime(tzinfo=tz, **fields)
+    except (TypeError, ValueError, KeyError, ZoneInfoNotFoundError) as exc:
+        raise ConfigurationError(
+            f"{where}: its {option} is not a readable datetime: {exc}"
+        ) from None
 
 
 def _tagged(data: dict[str, Any]) -> Any:

@@ -4,7 +4,9 @@ The page (``page.html``, ``page.js``, ``page.css``) reads ``api/state``
 every second and draws it with DOM text nodes only: every name and value
 that comes from the store is shown as text, never as markup. It shows each
 job's last slot, owner, attempt, state, lease left, last success, pause
-flag and next slot; a timeline of its recent slots (who ran each, takeovers,
+flag and its next slots (from its schedule, as the live instances declare it
+or as stored; else estimated), or that it ended; a timeline of its recent
+slots (who ran each, takeovers,
 runs on request, slots that did not run); the live instances with the runs
 they hold; and, if the workers counted any, the jobs that a scheduler that
 is not anarchon's also sent (a stock beat left running).
@@ -31,9 +33,11 @@ from datetime import datetime, timezone
 from importlib import resources
 from typing import Any
 
-from ..control import MANUAL, Control
+from ..control import MANUAL, Control, JobStatus
 from ..errors import ConfigurationError, JobPaused, UnknownJob
 from ..handoff import stray_sends
+from ..pauses import reasons as pause_reasons
+from ..schedules import NEVER, ended, preview, zone_of
 from ..store import HELD_STATES, ControlStore, RegistryStore, RunRecord, Store, holders
 from ..urls import scrub, secrets_in
 
@@ -43,6 +47,8 @@ StartResponse = Callable[[str, list[tuple[str, str]]], Any]
 MAX_JOBS = 200
 #: How many recent attempts each job's timeline shows.
 TIMELINE = 12
+#: How many slots to come each job shows, once its schedule is known.
+UPCOMING = 3
 #: The largest request body an action accepts, in bytes.
 MAX_BODY = 4096
 
@@ -177,10 +183,12 @@ class Dashboard:
         """Everything the page shows, as JSON-ready values (times in Unix seconds)."""
         now = self._clock()
         paused = self.control.paused()
-        jobs, total = self.control.listing(MAX_JOBS, paused)
         instances = self.store.instances() if isinstance(self.store, RegistryStore) else []
+        declared = self.control.declarations(instances)
+        jobs, total = self.control.listing(MAX_JOBS, paused, declared)
         holds = holders({status.job: status.state for status in jobs})
         manual = self._manual_slots()
+        why = pause_reasons(self.store)
         shown_jobs = []
         for status in jobs:
             st, counts = status.state, status.stats
@@ -199,7 +207,10 @@ class Dashboard:
                 "last_failure": counts.last_failure if counts else None,
                 "runs": counts.runs if counts else 0,
                 "takeovers": counts.takeovers if counts else 0,
-                "next": _next_slot(status, history, now, ran_now),
+                "declared": status.declared.instances if status.declared else 0,
+                "paused_why": why[status.job].reason if status.job in why else None,
+                "limit": status.limit_note() or None,
+                **_to_come(status, history, now, ran_now),
                 "timeline": _timeline(history, ran_now),
             }
             shown_jobs.append(row)
@@ -223,6 +234,7 @@ class Dashboard:
                     "behind": r.info.get("behind") or 0,
                     "deferred": r.info.get("deferred") or 0,
                     "holds": holds.get(r.instance, []),
+                    "declares": r.instance not in declared.silent,
                 }
                 for r in sorted(instances, key=lambda r: r.instance)
             ],
@@ -244,6 +256,29 @@ class Dashboard:
         return found
 
 
+def _to_come(
+    status: JobStatus, history: list[RunRecord], now: float, manual: AbstractSet[int]
+) -> dict[str, Any]:
+    """What the page shows of a job's slots to come: from its schedule, as the live
+    instances declare it or as stored; else its next slot estimated (see :func:`_next_slot`)."""
+    schedule = status.schedule()
+    if schedule is None:
+        estimate = _next_slot(status, history, now, manual) if status.declared is None else None
+        return {"schedule": None, "zone": None, "ended": False, "next": estimate, "upcoming": []}
+    at = datetime.fromtimestamp(now, timezone.utc)
+    slots = preview(schedule, UPCOMING, at)
+    return {
+        "schedule": schedule.describe(),
+        "zone": zone_of(schedule),
+        "ended": ended(schedule, at),
+        "next": {"at": slots[0].slot.timestamp(), "estimated": False} if slots else None,
+        "upcoming": [
+            {"at": slot.slot.timestamp(), "local": slot.local.isoformat(), "note": slot.note}
+            for slot in slots
+        ],
+    }
+
+
 def _next_slot(
     status: Any, history: list[RunRecord], now: float, manual: AbstractSet[int] = frozenset()
 ) -> dict[str, Any] | None:
@@ -256,6 +291,8 @@ def _next_slot(
     """
     if status.defined is not None:
         nxt = status.defined.schedule().next_after(datetime.fromtimestamp(now, timezone.utc))
+        if nxt == NEVER:  # past its end: no slot comes
+            return None
         return {"at": nxt.timestamp(), "estimated": False}
     slots = sorted({r.slot_ms for r in history} - manual, reverse=True)
     if len(slots) < 2:

@@ -68,6 +68,36 @@
     }
     td.appendChild(box);
   }
+  // The slots to come: from the job's schedule (in UTC, and in its zone if another),
+  // DST gaps and folds marked; "ended" past its end; else an estimate (≈) or "-".
+  function toCome(td, job) {
+    if (job.ended) {
+      td.textContent = "ended";
+      td.classList.add("ended");
+      td.title = job.schedule || "";
+      return;
+    }
+    if (job.upcoming && job.upcoming.length) {
+      td.textContent = "";
+      for (const slot of job.upcoming) {
+        const line = document.createElement("div");
+        let text = when(slot.at);
+        if (job.zone && job.zone !== "UTC") {
+          text += " (" + slot.local.slice(0, 19).replace("T", " ") + " " + job.zone + ")";
+        }
+        if (slot.note) {
+          text += " ⚠";
+          line.className = "dst";
+          line.title = slot.note;
+        }
+        line.textContent = text;
+        td.appendChild(line);
+      }
+      td.title = job.schedule || "";
+      return;
+    }
+    td.textContent = job.next ? (job.next.estimated ? "≈ " : "") + when(job.next.at) : "-";
+  }
   function draw(state) {
     $("namespace").textContent = state.namespace;
     $("error").hidden = true;
@@ -82,14 +112,21 @@
       const tr = document.createElement("tr");
       tr.dataset.job = job.name;
       cell(tr, job.name, "name");
-      cell(tr, job.paused ? "yes" : state.paused_namespace ? "namespace" : "no", "paused paused-" + (job.paused ? "yes" : "no"));
+      const pausedCell = cell(tr, job.paused ? (job.paused_why ? "on failure" : "yes") : state.paused_namespace ? "namespace" : "no", "paused paused-" + (job.paused ? "yes" : "no"));
+      if (job.paused && job.paused_why) pausedCell.title = job.paused_why;
       cell(tr, when(job.slot), "slot");
       cell(tr, job.owner, "owner");
       cell(tr, job.attempt, "attempt");
       cell(tr, job.state, "state state-" + job.state);
       cell(tr, job.lease_left === null ? "-" : job.lease_left.toFixed(1) + "s", "lease");
       cell(tr, ago(state.now, job.last_success), "success");
-      cell(tr, job.next ? (job.next.estimated ? "≈ " : "") + when(job.next.at) : "-", "next");
+      if (job.limit && job.limit.startsWith("limit reached")) {
+        cell(tr, job.limit, "next ended");
+      } else {
+        const next = cell(tr, "", "next");
+        toCome(next, job);
+        if (job.limit) next.title = job.limit;
+      }
       timeline(cell(tr, "", "recent"), job.timeline);
       const controls = cell(tr, "", "controls");
       if (state.actions) {

@@ -23,8 +23,9 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
-from ..errors import BatchRefused, StoreUnavailable, is_bug
+from ..errors import BatchRefused, ConfigurationError, StoreUnavailable, is_bug
 from ..events import Emitter, EventKind
+from ..slots import BACKFILL
 from ..store import (
     Change,
     Claim,
@@ -39,6 +40,7 @@ from ..store import (
 )
 
 if TYPE_CHECKING:
+    from ..jobs import Job
     from ..roles import JobRuntime
     from ..slots import Slot
 
@@ -80,9 +82,39 @@ class Gateway:
         return self.leases
 
     def claim_slots(self, due: list[tuple[JobRuntime, Slot]]) -> list[Claim]:
-        """One batch of claims, each of a job's slot, for its lease."""
-        requests = [ClaimRequest(rt.job.name, slot.ms, rt.options.lease) for rt, slot in due]
+        """One batch of claims, each of a job's slot, for its lease, with the job's limit.
+
+        A backfill's claims carry none: its record is its own, and its slots
+        are not counted against the job's limit.
+        """
+        requests = [
+            ClaimRequest(
+                rt.job.name,
+                slot.ms,
+                rt.options.lease,
+                None if rt.job.name.endswith(BACKFILL) else rt.job.rules.limit,
+            )
+            for rt, slot in due
+        ]
         return self.store.claim_many(requests, self._instance)
+
+    def check(self, job: Job) -> None:
+        """Refuse ``job`` if this store cannot keep what it asks: a ``limit`` needs the
+        store's count of the job's claims, which a claim-only store does not keep."""
+        if job.rules.limit is not None and self.leases is None:
+            raise ConfigurationError(
+                f"job {job.name!r}: limit={job.rules.limit} needs a store that counts the"
+                f" job's slots; {type(self.store).__name__} only takes claims (use a lease"
+                " store: Redis, Valkey, PostgreSQL, MySQL, SQLite, libSQL or NATS)"
+            )
+        overlap = job.rules.overlap.value
+        if overlap != "skip" and self.leases is None:
+            # A slot waits for the run before it to end: only a lease tells that end.
+            raise ConfigurationError(
+                f"job {job.name!r}: overlap={overlap!r} needs a store that keeps leases;"
+                f" {type(self.store).__name__} only takes claims (use a lease store:"
+                " Redis, Valkey, PostgreSQL, MySQL, SQLite, libSQL or NATS)"
+            )
 
     def states(self, jobs: list[JobRuntime]) -> list[JobState | None]:
         """The store's record of each job, in one read."""

@@ -3,7 +3,8 @@
 A stored schedule names its handler; ``resolve`` makes that handler here
 (by default, from the functions registered with ``@scheduler.handler``), or
 says this instance has none, and then leaves the schedule to the instances
-that have it. A job declared in code keeps its code schedule.
+that have it. A job declared in code keeps its code schedule. A stored
+``start`` and ``end`` bound its slots as ``add_job``'s do.
 """
 
 from __future__ import annotations
@@ -127,7 +128,10 @@ class StoredSchedules:
                 anchor=None
                 if definition.anchor is None
                 else datetime.fromtimestamp(definition.anchor, timezone.utc),
+                start=definition.start,
+                end=definition.end,
                 **definition.job_options,
+                **definition.rules,
             )
         except ConfigurationError as exc:
             self._skip(name, version, str(exc))

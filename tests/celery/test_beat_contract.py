@@ -62,12 +62,13 @@ from pathlib import Path
 from pickle import dumps, loads
 from typing import Any
 from unittest.mock import Mock, patch
+from zoneinfo import ZoneInfo
 
 import pytest
 from celery import beat, uuid
 from celery.beat import BeatLazyFunc
 from celery.contrib.testing.app import TestApp, setup_default_app
-from celery.schedules import crontab, schedule
+from celery.schedules import crontab, schedule, solar
 from kombu import Queue
 
 import anarchon_celery
@@ -184,10 +185,11 @@ class mSchedulerSchedulingError(mScheduler):
 
 
 class mocked_schedule(schedule):
-    # adapted: only raising_schedule is still used. anarchon computes every slot
-    # from the clock, so it refuses a schedule that overrides is_due; the tests
-    # that used always_due, always_pending or mocked_schedule(False, n) use real
-    # intervals instead: EVERY_SECOND (due within a second), HOURLY (pending).
+    # adapted: only raising_schedule is still used. anarchon runs a schedule that
+    # overrides is_due on one beat at a time, not on the grid of every beat that
+    # the tests using always_due, always_pending or mocked_schedule(False, n) are
+    # about: they use real intervals instead, EVERY_SECOND (due within a second)
+    # and HOURLY (pending).
     def now_func():
         return datetime.now(timezone.utc)
 
@@ -446,9 +448,10 @@ class TestScheduler:
 
     def test_tick_survives_entry_failing_in_populate_heap(self, caplog):
         scheduler = mScheduler(app=self.app)
-        # adapted: anarchon never calls is_due; it refuses a schedule that overrides
-        # it, add() first of all. Put in the schedule directly, the broken entry is
-        # logged as not scheduled at the next tick, and the healthy one still runs.
+        # adapted: anarchon asks a schedule's own is_due once when it reads the entry,
+        # and refuses one that raises, add() first of all. Put in the schedule
+        # directly, the broken entry is logged as not scheduled at the next tick, and
+        # the healthy one still runs.
         with pytest.raises(Exception, match="broken"):
             scheduler.add(name="broken", task="c.broken", schedule=raising_schedule())
         scheduler.schedule["broken"] = scheduler.Entry(
@@ -488,6 +491,63 @@ class TestScheduler:
         scheduler.update_from_dict(s)
         assert 0 < scheduler.tick() <= min(min(nums) - 0.010, scheduler.max_interval)
         assert set(s) <= set(scheduler.schedule)
+
+    @pytest.mark.parametrize(
+        ("now", "last_run_at", "after_sunrise"),
+        [
+            pytest.param(
+                datetime.fromisoformat("2026-03-08T01:30:00-05:00"),
+                datetime.fromisoformat("2026-03-07T03:00:00-05:00"),
+                datetime.fromisoformat("2026-03-08T03:08:00-04:00"),
+                id="spring-forward",
+            ),
+            pytest.param(
+                datetime.fromisoformat("2026-11-01T01:45:00-04:00"),
+                datetime.fromisoformat("2026-10-31T03:00:00-04:00"),
+                datetime.fromisoformat("2026-11-01T01:41:00-05:00"),
+                id="fall-back",
+            ),
+        ],
+    )
+    def test_tick_solar_across_dst(self, now, last_run_at, after_sunrise):
+        pytest.importorskip("ephem")
+        tz = self.app.timezone = ZoneInfo("America/New_York")
+        now_utc = now.astimezone(timezone.utc)
+        s = solar("sunrise", 0, -15, app=self.app, nowfun=lambda: now_utc.astimezone(tz))
+        # adapted: a set-up scheduler (a lazy one has no engine), and the entry's task
+        # named. Its due times are decided by this beat, its owner (anarchon_celery.owned).
+        scheduler = mScheduler(app=self.app)
+        entry = scheduler.add(
+            name="sunrise",
+            task="t.fake.task",
+            schedule=s,
+            last_run_at=last_run_at,
+        )
+
+        delays = []
+        for _ in range(5):
+            delays.append(scheduler.tick())
+            now_utc += timedelta(seconds=1)
+
+        assert scheduler.sent == []
+        assert all(delay > 0 for delay in delays)
+
+        now_utc = after_sunrise.astimezone(timezone.utc)
+        # adapted: "sent" means sent by the ticks that follow (the owner asks is_due at
+        # least every second, and the slot it decides is claimed as any), not by one
+        # tick; the entry's last run is the slot's time, which the owner took from the
+        # clock (upstream: the schedule's now).
+        tick_until(scheduler, lambda: scheduler.sent, "the sunrise sent")
+        assert [sent["name"] for sent in scheduler.sent] == ["t.fake.task"]
+        reserved = scheduler.schedule[entry.name]
+        assert reserved.total_run_count == 1
+        slot_id = scheduler.sent[0]["options"]["headers"]["anarchon"]["slot_id"]
+        slot_ms = int(slot_id.rsplit("@", 1)[1])
+        assert reserved.last_run_at.astimezone(timezone.utc).timestamp() == slot_ms / 1000
+
+        now_utc += timedelta(seconds=1)
+        assert scheduler.tick() > 0
+        assert len(scheduler.sent) == 1
 
     def test_ticks_schedule_change(self):
         # adapted: anarchon's engine takes the heap's place: its job for the entry

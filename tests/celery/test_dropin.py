@@ -332,8 +332,8 @@ def test_entries_added_changed_and_removed_at_run_time(
     assert getattr(engine.jobs["y"].schedule, "expression", None) == "*/5 * * * *"
 
     # Invalid: refused with the entry named, nothing changed.
-    with pytest.raises(ConfigurationError, match=r"entry 'z'.*NeverDue overrides is_due"):
-        scheduler.add(name="z", task=TASK, schedule=NeverDue(timedelta(seconds=1)))
+    with pytest.raises(ConfigurationError, match=r"entry 'z'.*relative=True\) is not supported"):
+        scheduler.add(name="z", task=TASK, schedule=schedule(timedelta(seconds=1), relative=True))
     with pytest.raises(
         ConfigurationError, match=r"entry 'w': every=0.5s: intervals under 1 second"
     ):
@@ -403,10 +403,11 @@ def test_schedules_whose_slots_cannot_be_computed_are_refused(value: Any, messag
 def test_beat_stops_at_setup_on_a_schedule_it_would_run_as_something_else(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    app = make_app(tmp_path, {"odd": {"task": TASK, "schedule": NeverDue(timedelta(seconds=5))}})
+    relative = schedule(timedelta(seconds=5), relative=True)
+    app = make_app(tmp_path, {"odd": {"task": TASK, "schedule": relative}})
     with pytest.raises(SystemExit):
         Scheduler(app)
-    assert "beat_schedule['odd']: NeverDue overrides is_due" in caplog.text
+    assert "beat_schedule['odd']: schedule(..., relative=True) is not supported" in caplog.text
 
 
 # -- 6. close() and a second setup --------------------------------------------------------

@@ -7,7 +7,7 @@ entry's crontab moved, one entry added.
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 
 from celery import Celery
 from celery.schedules import crontab, schedule, solar
@@ -21,6 +21,15 @@ beat_schedule = {
         "options": {"queue": "slow", "anarchon_lease": "2m"},
     },
     "quarter-hourly": {"task": "tasks.poll", "schedule": timedelta(minutes=15)},
+    # Bounded: anarchon_start and anarchon_end become the stored schedule's start and end.
+    "first-week-of-2030": {
+        "task": "tasks.poll",
+        "schedule": 3600.0,
+        "options": {
+            "anarchon_start": datetime(2030, 1, 1, tzinfo=timezone(timedelta(hours=1))),
+            "anarchon_end": "2030-01-07T23:00:00+00:00",
+        },
+    },
     # A bare solar: a real one needs the ephem package, and anarchon refuses any solar.
     "sunrise": {"task": "tasks.wake", "schedule": solar.__new__(solar)},
     "relative": {"task": "tasks.poll", "schedule": schedule(timedelta(hours=1), relative=True)},

@@ -43,9 +43,13 @@ def main() -> None:
         {"name": "sun", "solar": sunset},
         {"name": "once", "clocked": soon, "one_off": True},
         {"name": "one-off", "interval": minute, "one_off": True},
-        {"name": "later", "interval": minute, "start_time": now + timedelta(days=1)},
-        {"name": "ending", "crontab": weekdays, "expires": now + timedelta(days=30)},
+        {"name": "later", "interval": minute,
+         "start_time": datetime(2090, 1, 1, 8, 0, 0, 250, tzinfo=timezone.utc)},
+        {"name": "ending", "crontab": weekdays,
+         "expires": datetime(2090, 7, 1, tzinfo=timezone.utc)},
         {"name": "short-lived", "interval": minute, "expire_seconds": 30},
+        {"name": "expired", "interval": minute,
+         "expires": datetime(2020, 1, 1, tzinfo=timezone.utc)},
     ]  # fmt: skip
     for row in rows:
         PeriodicTask.objects.create(task=f"tasks.{row['name']}", **row)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
+from zoneinfo import ZoneInfo
 
 import pytest
 
@@ -142,6 +143,13 @@ BEAT_CARRIED = expected(
     Definition(name="report-every-minute", handler="tasks.report", every=60.0, args=(1, "a")),
     NIGHTLY,
     Definition(name="quarter-hourly", handler="tasks.poll", every=900.0),
+    Definition(
+        name="first-week-of-2030",
+        handler="tasks.poll",
+        every=3600.0,
+        start="2029-12-31T23:00:00+00:00",
+        end="2030-01-07T23:00:00+00:00",
+    ),
 )
 BEAT_SKIPPED = {
     "sunrise": "cannot be carried: beat_schedule['sunrise']: solar schedules are not supported",
@@ -233,6 +241,10 @@ def redbeat(redis_url: str) -> Iterator[str]:
             ("recurring", "tasks.rr", rrule("MINUTELY", dtstart=start), {}),
             ("from-code", "tasks.code", timedelta(minutes=5), {}),
             ("dated", "tasks.dated", timedelta(minutes=5), {"kwargs": {"since": start}}),
+            # A datetime in anarchon_start is encoded by redbeat, and read back.
+            ("bounded", "tasks.bounded", timedelta(minutes=5), {"options": {
+                "anarchon_start": datetime(2030, 1, 1, tzinfo=ZoneInfo("Europe/Paris")),
+                "anarchon_end": "2031-01-01T00:00:00+00:00", "expires": 30}}),
         ):  # fmt: skip
             RedBeatSchedulerEntry(name, task, when, app=app, **extra).save()
         # What redbeat's beat records of the app's beat_schedule entries.
@@ -265,6 +277,14 @@ def test_redbeat_entries(redis_url: str, redbeat: str, namespace: str) -> None:
             handler="tasks.poll",
             cron="*/5 9-17 * * 1-5",
             timezone="Europe/Paris",
+        ),
+        Definition(
+            name="bounded",
+            handler="tasks.bounded",
+            every=300.0,
+            start="2029-12-31T23:00:00+00:00",
+            end="2031-01-01T00:00:00+00:00",
+            options={"expires": 30},
         ),
     )
     skipped = {
@@ -307,6 +327,11 @@ def test_redbeat_unreachable(sqlite_target: Target) -> None:
 
 #: 2024-01-01 00:30 UTC, the start_time of the row "since-2024": its grid's anchor.
 SINCE = datetime(2024, 1, 1, 0, 30, tzinfo=timezone.utc).timestamp()
+#: The start_time of the row "later" is 250 us past this millisecond: its grid's anchor
+#: and its start are the next one.
+LATER = datetime(2090, 1, 1, 8, tzinfo=timezone.utc)
+#: The expires of the row "ending".
+ENDING = datetime(2090, 7, 1, tzinfo=timezone.utc)
 
 
 def _headers(name: str, **more: str) -> dict[str, object]:
@@ -341,7 +366,33 @@ ROWS_CARRIED = expected(
         handler="tasks.since-2024",
         every=7200.0,
         anchor=SINCE,
+        start="2024-01-01T00:30:00+00:00",
         options=_headers("since-2024"),
+    ),
+    # start_time still to come: the start (rounded up to the millisecond, as the anchor).
+    Definition(
+        name="later",
+        handler="tasks.later",
+        every=60.0,
+        anchor=(LATER + timedelta(milliseconds=1)).timestamp(),
+        start="2090-01-01T08:00:00.001000+00:00",
+        options=_headers("later"),
+    ),
+    # expires: the last millisecond before it is the end; each task sent expires then.
+    Definition(
+        name="ending",
+        handler="tasks.ending",
+        cron="*/15 9-17 * * 1-5",
+        timezone="UTC",
+        end="2090-06-30T23:59:59.999000+00:00",
+        options={"expires": ENDING.isoformat(), **_headers("ending")},
+    ),
+    # expire_seconds: each task sent expires 30 s after its slot's time.
+    Definition(
+        name="short-lived",
+        handler="tasks.short-lived",
+        every=60.0,
+        options={"expires": 30, **_headers("short-lived")},
     ),
 )
 ROWS_SKIPPED = {
@@ -349,9 +400,7 @@ ROWS_SKIPPED = {
     "sun": "cannot be carried: PeriodicTask 'sun': solar schedule (sunset) is not supported",
     "once": "cannot be carried: a clocked row (one run at ",
     "one-off": "cannot be carried: one_off: stored schedules have no one-off runs yet",
-    "later": "cannot be carried: start_time ",
-    "ending": "cannot be carried: expires ",
-    "short-lived": "cannot be carried: expire_seconds 30: stored schedules have no expiry",
+    "expired": "expired: its expires 2020-01-01T00:00:00+00:00 has passed, so no slot of it",
 }
 
 

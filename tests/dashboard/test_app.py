@@ -196,9 +196,11 @@ def test_state_shows_the_jobs_and_instances_of_a_running_scheduler(
     slots = [item["slot"] for item in runs]
     assert slots == sorted(slots, reverse=True), "the timeline is not newest first"
     assert started[0] in {f"tick@{round(s * 1000)}" for s in slots}
-    # Slots a second apart: the next slot is estimated a second after the last.
-    assert done["next"]["estimated"] is True
-    assert done["next"]["at"] > done["slot"]
+    # Declared by the live instance: its next slots come from its schedule, after the last.
+    assert done["declared"] == 1 and done["schedule"] == "every 1s"
+    assert done["next"]["estimated"] is False
+    assert done["next"]["at"] > done["slot"] and done["next"]["at"] % 1 == 0
+    assert [slot["at"] - done["next"]["at"] for slot in done["upcoming"]] == [0, 1, 2]
     # The stored schedule shows too, with its next slot from the schedule itself.
     stored = job_row(state, STORED)
     assert stored["stored"] is True and stored["slot"] is None and stored["timeline"] == []

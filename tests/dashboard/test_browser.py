@@ -380,10 +380,10 @@ def test_a_run_now_of_a_crontab_job_is_no_gap_and_no_step_of_its_schedule(
 ) -> None:
     """A run-now slot between two scheduled ones: marked as such, the schedule unchanged.
 
-    The job is declared by its instances only (not stored), so the page
-    estimates its next slot from its recent slots: the run-now slot, a
-    second off the schedule, must be no part of the estimate, and no gap
-    (a gap mark: slots that did not run) may appear, since none was missed.
+    The job is declared by its instances only (not stored): the page shows
+    its next slots from the schedule they declare, unmoved by the run-now
+    slot, a second off the schedule; and no gap (a gap mark: slots that did
+    not run) may appear, since none was missed.
     """
     fleet = cron_fleet
     fleet.start("a", "b")
@@ -437,9 +437,48 @@ def test_a_run_now_of_a_crontab_job_is_no_gap_and_no_step_of_its_schedule(
             "the run-now slot among the recent slots of tick",
         )
         assert shown["gaps"] == 0, f"a gap where no slot was missed: {shown}"
-        nxt = re.fullmatch(r"≈ \d{4}-\d\d-\d\d \d\d:\d\d:(\d\d) UTC", shown["cells"]["next"])
-        assert nxt, shown["cells"]
-        assert int(nxt.group(1)) % CRON_EVERY == 0, f"the next slot is off the schedule: {shown}"
+        # Three slots to come, from the declared schedule (not estimated: no "≈").
+        nexts = re.findall(r"\d{4}-\d\d-\d\d \d\d:\d\d:(\d\d) UTC", shown["cells"]["next"])
+        assert len(nexts) == 3 and "≈" not in shown["cells"]["next"], shown["cells"]
+        assert all(int(second) % CRON_EVERY == 0 for second in nexts), (
+            f"a next slot is off the schedule: {shown}"
+        )
         no_alert(browser)
     finally:
         server.stop()
+
+
+def test_the_page_says_why_a_job_was_paused_and_that_its_limit_was_reached(
+    fleet: Fleet, dashboard: Callable[[str | None], str], browser: WebDriver
+) -> None:
+    from anarchon_core import open_store
+    from anarchon_core.pauses import PauseReason, failed_reason, pause_for
+    from anarchon_core.store import ClaimRequest, RunState
+
+    store = open_store(fleet.store, namespace=fleet.namespace)
+    try:
+        control = Control(store)
+        control.add(Definition("report", "report", every=3600))
+        control.add(Definition("capped", "capped", every=3600, rules={"limit": 1}))
+        slot_ms = int(time.time()) // 3600 * 3600 * 1000
+        ran = store.claim("report", slot_ms, "i1", 30).holder
+        assert ran is not None and store.finish("report", ran.token, RunState.FAILED)
+        why = failed_reason(f"report@{slot_ms}", 1)
+        pause_for(store, PauseReason("report", why, "i1", time.time(), f"report@{slot_ms}"))
+        capped = store.claim_many([ClaimRequest("capped", slot_ms, 30, limit=1)], "i1")[0]
+        assert capped.won and capped.holder is not None
+        assert store.finish("capped", capped.holder.token, RunState.DONE)
+    finally:
+        store.close()
+    browser.get(dashboard(None))
+
+    def shown(tables: dict[str, Any]) -> tuple[str, str] | None:
+        report, limited = row(tables, "report"), row(tables, "capped")
+        if report is None or limited is None:
+            return None
+        return report["cells"]["paused"], limited["cells"]["next"]
+
+    found = wait_until(showing(browser, shown), 15, "both jobs on the page")
+    assert found == ("on failure", "limit reached (1 of 1)")
+    title = browser.find_element(By.CSS_SELECTOR, 'tr[data-job="report"] td.paused')
+    assert title.get_attribute("title") == why

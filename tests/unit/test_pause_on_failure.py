@@ -116,3 +116,34 @@ def test_work_handed_off_that_ends_failed_pauses_the_job_from_the_worker() -> No
     assert not HandOff.from_message(
         {**tickets[0].to_message(), "pause_on_failure": None}
     ).pause_on_failure
+
+
+def test_status_jobs_and_the_dashboard_say_why_a_job_was_paused_and_its_limit() -> None:
+    import argparse
+    import io
+
+    from anarchon_core.cli import control_verb, status
+    from anarchon_core.dashboard import Dashboard
+
+    cluster, _ = fleet(True, fail_at=30)
+    for name in "xy":
+        cluster.add(name, lambda s: s.add_job(lambda: None, name="capped", every=10, limit=2))
+    cluster.run(45)
+    why = reasons(cluster.store)["report"].reason
+    shown = io.StringIO()
+    status(cluster.store, shown)
+    assert f"paused: report: {why} by " in shown.getvalue()
+    assert "limit: capped: limit reached (2 of 2)" in shown.getvalue()
+    assert "limit reached (2 of 2)" in next(
+        line for line in shown.getvalue().splitlines() if line.startswith("capped ")
+    )
+    listed = io.StringIO()
+    control_verb(argparse.Namespace(verb="jobs"), Control(cluster.store), listed)
+    row = next(line for line in listed.getvalue().splitlines() if line.startswith("report "))
+    assert row.split()[1:3] == ["on", "failure"]
+    assert f"paused: report: {why}" in listed.getvalue()
+    state = Dashboard(cluster.store, namespace=cluster.store.namespace).state()
+    jobs = {job["name"]: job for job in state["jobs"]}
+    assert jobs["report"]["paused_why"] == why
+    assert jobs["capped"]["limit"] == "limit reached (2 of 2)"
+    assert jobs["report"]["limit"] is None
