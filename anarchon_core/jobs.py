@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from .durations import Duration, parse_duration, within
-from .errors import ConfigurationError, DispatchFailed, LeaseLost
+from .errors import Cancelled, ConfigurationError, DispatchFailed, LeaseLost
 from .names import MAX_NAME as MAX_NAME  # importable from here as before
 from .names import check_name as check_name
 from .schedules import NEVER, Schedule, grid_of
@@ -259,11 +259,16 @@ class Run:
     (a fencing value that rises with every claim and takeover of the job) and
     ``instance`` (who runs it). ``lost`` turns true when this instance no
     longer holds the lease; :meth:`check` raises :class:`LeaseLost` then.
+    ``cancelled`` turns true when a newer slot of the job waits for this run
+    to end (``overlap="cancel_other"``); :meth:`check` raises
+    :class:`~anarchon_core.errors.Cancelled` then.
     The engine builds a run with :meth:`of` and drives it with the members
     listed after :meth:`hand_off`.
     """
 
     __slots__ = (
+        "_cancel_reason",
+        "_cancelled",
         "_dispatch",
         "_hand_off",
         "_lost",
@@ -302,6 +307,8 @@ class Run:
         self._lost = threading.Event()
         self._lost_lock = threading.Lock()
         self._reason = ""
+        self._cancelled = threading.Event()
+        self._cancel_reason = ""
         self._hand_off: float | None = None
         self._dispatch: Callable[[float], bool] | None = None
         self._monotonic: Callable[[], float] | None = None
@@ -332,10 +339,30 @@ class Run:
             return None
         return max(0.0, self._valid_until - self._monotonic())
 
+    @property
+    def cancelled(self) -> bool:
+        """True once the run is asked to stop: a newer slot of its job waits for its end.
+
+        Only for jobs declared with ``overlap="cancel_other"``; the request
+        reaches the instance running the handler within about a second. The
+        run still holds its lease: a handler that stops (returns, or lets
+        :meth:`check`'s :class:`~anarchon_core.errors.Cancelled` propagate)
+        ends it ``done``, and the waiting slot starts; one that goes on keeps
+        the slot waiting until it ends.
+        """
+        return self._cancelled.is_set()
+
+    @property
+    def cancel_reason(self) -> str:
+        return self._cancel_reason
+
     def check(self) -> None:
-        """Raise :class:`LeaseLost` if this instance no longer holds the run."""
+        """Raise :class:`LeaseLost` if this instance no longer holds the run, or
+        :class:`~anarchon_core.errors.Cancelled` if the run was asked to stop."""
         if self.lost:
             raise LeaseLost(f"{self.slot_id} attempt {self.attempt}: {self._reason}")
+        if self.cancelled:
+            raise Cancelled(f"{self.slot_id} attempt {self.attempt}: {self._cancel_reason}")
 
     def hand_off(self, lease: float) -> None:
         """Mark the slot ``dispatched`` in the store with a lease of ``lease`` seconds.
@@ -419,6 +446,14 @@ class Run:
                 return False
             self._valid_until = deadline
             return True
+
+    def cancel(self, reason: str) -> bool:
+        """Ask the handler to stop (:attr:`cancelled`), and why; False if it was asked already."""
+        if self._cancelled.is_set():
+            return False
+        self._cancel_reason = reason
+        self._cancelled.set()
+        return True
 
     def mark_lost(self, reason: str) -> bool:
         """Record that the lease is lost, and why; False if it already was."""

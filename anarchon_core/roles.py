@@ -1,8 +1,9 @@
 """The roles an instance plays for a job's slots, and their decisions; no store I/O here.
 
 Per job, :class:`JobRuntime` holds what this instance knows: the next slot it
-will claim, the :class:`Runner` of a slot it won and the :class:`Backup` of a
-slot another instance runs. Their methods decide from what the store
+will claim, the :class:`Runner` of a slot it won, the :class:`Backup` of a
+slot another instance runs, and the slots that wait for the running one to
+end (the job's overlap policy, :meth:`JobRuntime.enqueue`). Their methods decide from what the store
 answered and from the time they are given; the engine
 (:mod:`anarchon_core.engine`) asks the store and acts.
 """
@@ -10,13 +11,14 @@ answered and from the time they are given; the engine
 from __future__ import annotations
 
 import enum
+from collections import deque
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Protocol
 
 from .events import EventKind
-from .jobs import Job, JobOptions, Run, held_for
-from .slots import Slot
+from .jobs import MAX_BUFFERED, Job, JobOptions, Overlap, Run, held_for
+from .slots import BACKFILL, Slot
 from .store import JobState, RunState
 
 #: How far past its time (beyond jitter) a slot still counts as on time.
@@ -48,6 +50,9 @@ class Verdict(enum.Enum):
     DROP = "drop"
     #: The lease lapsed or was handed over: take the slot over.
     TAKE_OVER = "take_over"
+    #: The lease lapsed or was handed over, and a newer slot waits to supersede the
+    #: run (``overlap="cancel_other"``): that slot is claimed, the run not taken over.
+    SUPERSEDE = "supersede"
     #: Dispatched but never picked up (the store's record says so): the work may
     #: run where nothing renews it, so it is not sent again; the job's next slot
     #: supersedes it.
@@ -119,6 +124,12 @@ class Backup:
         return backup
 
     @classmethod
+    def at_once(cls, slot: Slot, token: int, now_mono: float) -> Backup:
+        """A backup of ``slot``'s record checked at once: a run ended or about to, with
+        slots waiting for it (they start when the check finds it ended)."""
+        return cls(slot, token, now_mono)
+
+    @classmethod
     def of_own(cls, runner: Runner, now_mono: float, options: JobOptions) -> Backup:
         """A backup of this instance's own run, handed off or released, checked after ``watch``."""
         return cls(runner.slot, runner.run.token, now_mono + options.watch)
@@ -128,12 +139,19 @@ class Backup:
         again after ``pause`` (its ``watch`` if shorter), not at once, in a loop."""
         self.next_check = now_mono + min(options.watch, pause)
 
-    def verdict(self, record: JobState | None, now_mono: float, options: JobOptions) -> Verdict:
+    def verdict(
+        self,
+        record: JobState | None,
+        now_mono: float,
+        options: JobOptions,
+        superseded: bool = False,
+    ) -> Verdict:
         """What to do about ``record``, the job's current record in the store.
 
         Decided from the record alone (its state and the store's lease), so that
         every instance, whenever it started and whatever its options, decides
-        the same.
+        the same. ``superseded``: a newer slot waits to supersede this run
+        (``overlap="cancel_other"``), so a lapsed run is not taken over.
         """
         if record is None or record.slot_ms != self.slot.ms or record.state in ENDED:
             return Verdict.DROP
@@ -143,7 +161,7 @@ class Backup:
         if not record.lapsed:
             self.next_check = now_mono + options.watch
             return Verdict.WATCH
-        return Verdict.TAKE_OVER
+        return Verdict.SUPERSEDE if superseded else Verdict.TAKE_OVER
 
     def hold(self, record: JobState, next_ms: int, now_mono: float) -> float:
         """Seconds the claim of the job's slot ``next_ms``, due now, waits; 0: none.
@@ -183,7 +201,10 @@ class JobRuntime:
         "_claim_at",
         "_following",
         "_runner",
+        "began",
         "broken",
+        "cancel_asked",
+        "decided_ms",
         "deferred",
         "job",
         "next_slot",
@@ -195,6 +216,7 @@ class JobRuntime:
         "removed",
         "seq",
         "suspect",
+        "waiting",
         "watcher",
     )
 
@@ -228,6 +250,16 @@ class JobRuntime:
         #: A store call about this job raised a bug (see
         #: :mod:`anarchon_core.engine.gateway`): no call about it is made any more.
         self.broken: Exception | None = None
+        #: The slots that wait, oldest first, for the run holding the job's lease to
+        #: end (its overlap policy, see :meth:`enqueue`); each starts as its own slot.
+        self.waiting: deque[Slot] = deque()
+        #: When the run of a slot began, by the store's history: (slot ms, Unix seconds).
+        self.began: tuple[int, float] | None = None
+        #: The token of the run asked to stop for the slot waiting (``cancel_other``).
+        self.cancel_asked: int | None = None
+        #: The newest slot (ms) the overlap policy queued or skipped here: a slot skipped
+        #: once (``buffer_all`` had its bound waiting) is never queued afterwards.
+        self.decided_ms = 0
 
     @property
     def claim_at(self) -> float:
@@ -331,6 +363,69 @@ class JobRuntime:
         time, or a catch-up."""
         on_time = self.job.jitter + deferred + ON_TIME
         return EventKind.CATCH_UP if lateness > on_time else EventKind.WON
+
+    # -- overlap policies ----------------------------------------------------
+
+    @property
+    def overlap(self) -> Overlap:
+        """The job's overlap policy; a backfill's slots run one after another (``skip``)."""
+        if self.job.name.endswith(BACKFILL):
+            return Overlap.SKIP
+        return self.job.rules.overlap
+
+    def prune(self, recorded_ms: int) -> None:
+        """Forget the waiting slots that the store's record reached (``recorded_ms``, the
+        slot it holds): started, here or elsewhere, or superseded."""
+        waiting = self.waiting
+        while waiting and waiting[0].ms <= recorded_ms:
+            waiting.popleft()
+
+    def first_after(self, holder_ms: int, began: float | None) -> Slot:
+        """The slot that waits behind the run of the job's slot ``holder_ms`` when one slot
+        waits (``buffer_one``, ``cancel_other``): the job's first slot after that run began.
+
+        ``began`` is when its first attempt was claimed, by the store's history
+        (Unix seconds; None if unknown: its slot's time). A slot that came
+        between its slot's time and then came while the run before it held
+        the lease, and was dealt with then.
+        """
+        start = max(holder_ms / 1000, began if began is not None else 0.0)
+        return self.slot_after(datetime.fromtimestamp(start, timezone.utc))
+
+    def enqueue(self, slot: Slot, holder_ms: int, began: float | None) -> bool:
+        """``slot`` came while the run of the job's slot ``holder_ms`` held its lease:
+        whether it waits for that run to end (it is queued), by the job's overlap policy;
+        False: it is skipped.
+
+        Every instance decides alike, from the schedule and the store's record
+        (``holder_ms``, and ``began`` from its history, see :meth:`first_after`),
+        whenever it started: ``skip`` queues nothing; ``buffer_one`` and
+        ``cancel_other`` queue the first slot after the run began, and skip the
+        later ones; ``buffer_all`` queues every slot after the run's slot, in
+        order, up to :data:`~anarchon_core.jobs.MAX_BUFFERED`. A slot this
+        instance did not see come (it started, or was held up, meanwhile) is
+        queued all the same when the rule says it waits.
+        """
+        policy = self.overlap
+        if policy is Overlap.SKIP:
+            return False
+        self.prune(holder_ms)
+        waiting = self.waiting
+        if policy is Overlap.BUFFER_ALL:
+            after = max(holder_ms, waiting[-1].ms if waiting else 0, self.decided_ms)
+            last = Slot.from_ms(self.job.name, after)
+            while len(waiting) < MAX_BUFFERED and last.ms < slot.ms:
+                last = self.slot_after(last.time)
+                if last.ms > slot.ms:
+                    break  # off the grid (a run-now slot), or past the schedule's end
+                waiting.append(last)
+            self.decided_ms = max(self.decided_ms, slot.ms)
+            return any(waiting_slot.ms == slot.ms for waiting_slot in waiting)
+        if not waiting:
+            first = self.first_after(holder_ms, began)
+            if first.ms <= slot.ms:
+                waiting.append(first)
+        return bool(waiting) and waiting[0].ms == slot.ms
 
     def backs_up(self, holder: JobState) -> bool:
         """Whether ``holder``'s run is one to back up: not ended, and not this instance's.

@@ -59,10 +59,11 @@ from .errors import ConfigurationError
 from .events import Emitter, Event, Health
 from .jobs import Job, JobOptions, Overlap, Rules, Run
 from .names import check_name
+from .once import ONCE_EVERY
 from .peers import Peers
-from .schedules import NEVER, make_schedule, preview
+from .schedules import NEVER, make_schedule, moment, preview, slot_id, to_ms
 from .slots import BACKFILL
-from .store import Paused, Store
+from .store import Paused, Store, onces
 
 __all__ = [
     "BACKOFF_MAX",
@@ -145,7 +146,7 @@ class Scheduler:
 
     def _wire(self, inline: bool, seed: int | None, resolve: Resolve | None, owns: bool) -> None:
         """Build the engine's parts and connect them."""
-        gateway = Gateway(self.store, self._emit, self.instance)
+        self._gateway = gateway = Gateway(self.store, self._emit, self.instance)
         self._table = table = JobTable()
         peers = Peers(self.instance, gateway.registry)
         ctx = Context(self.instance, self._clock, self._emit, gateway, table, peers)
@@ -156,13 +157,13 @@ class Scheduler:
         )
         runs = Runs(ctx, self._wake, inline)
         answers = Answers(ctx, runs)
-        requests = Requests(ctx, answers, self._stored.apply)
+        self._requests = requests = Requests(ctx, answers, self._stored.apply)
         claims = Claims(ctx, answers, requests.waits_for_request, seed)
         self._loop = Loop(
             ctx,
             runs=runs,
             claims=claims,
-            backups=Backups(ctx, answers),
+            backups=Backups(ctx, answers, requests.waits_for_request),
             requests=requests,
             registry=Registry(ctx, claims.replace_deferred, self._load),
             wake=self._wake,
@@ -261,9 +262,52 @@ class Scheduler:
         )
         rules = Rules.build(overlap, limit, pause_on_failure)
         job = Job(name=name, handler=handler, schedule=schedule, options=options, rules=rules)
+        self._gateway.check(job)  # what the store cannot keep (a limit on a claim-only one)
         self._table.add(job)
         self._wake.set()
         return job
+
+    def once(
+        self,
+        name: str,
+        at: datetime | str,
+        handler: Callable[..., Any],
+        *,
+        lease: Duration | None = None,
+        renew: Duration | None = None,
+        jitter: Duration | None = None,
+        catch_up: Duration | None = None,
+        watch: Duration | None = None,
+    ) -> str:
+        """Declare a job that runs once, at ``at`` (an aware datetime or an ISO 8601 string
+        with its offset), on one instance; the id of its slot (``name@<unix ms>``).
+
+        Its one slot is kept in the store until a claim settles it (see
+        :mod:`anarchon_core.once`): it runs once across every instance that
+        declares it, at its time, or late within its catch-up window (default one
+        hour) if every instance was down then; past that window it is reported
+        missed, never run. Declaring it again (a restart, after it ran) does not run
+        it again: the job's record in the store says it ran. The store entry is
+        written by the engine's next step; a store that keeps no one-offs
+        (RabbitMQ) raises :class:`~anarchon_core.ConfigurationError` here.
+        """
+        onces(self.store)
+        when = moment("at", at)
+        self.add_job(
+            handler,
+            name=name,
+            every=ONCE_EVERY,
+            anchor=when,
+            start=when,
+            end=when,
+            lease=lease,
+            renew=renew,
+            jitter=jitter,
+            catch_up=catch_up,
+            watch=watch,
+        )
+        self._requests.declare_once(name, to_ms(when))
+        return slot_id(name, when)
 
     def handler(self, name: str | None = None) -> Callable[[F], F]:
         """Decorator: make a function available to schedules defined in the store.

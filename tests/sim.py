@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import logging
 import math
 import random
@@ -26,6 +27,7 @@ from anarchon_core.store import (
     Change,
     Claim,
     ClaimRequest,
+    ControlStore,
     InstanceRecord,
     JobState,
     LeaseStore,
@@ -323,8 +325,19 @@ except ImportError:  # pragma: no cover - only when replaying on an older engine
         pass
 
 
+try:
+    from anarchon_core import Cancelled
+except ImportError:  # pragma: no cover - only when replaying on an older engine
+
+    class Cancelled(Exception):  # type: ignore[no-redef]
+        pass
+
+
 #: The backups' watch interval in the simulation (the default).
 WATCH = 0.5
+#: How many of the longest lease a slot waiting may stay behind a run that ended, with an
+#: instance healthy all along, before (g) calls its queue stuck.
+STUCK = 3
 #: The clock-rate bound the engine documents (two clocks differ by at most 2 %).
 RATE_SPREAD = 0.01
 #: Timeline events: SIGKILL, SIGSTOP/SIGCONT, SIGTERM (each followed by a restart),
@@ -436,6 +449,7 @@ class FaultyStore(LeaseStore, RegistryStore):
     def claim_many(self, requests: Sequence[ClaimRequest], owner: str) -> list[Claim]:
         def step() -> list[Claim]:
             before = self.inner.states([r.job for r in requests])
+            now = self.sim.clock.time()
             claims = self.inner.claim_many(requests, owner)
             for request, claim in zip(requests, claims, strict=True):
                 old = before.get(request.job)
@@ -450,6 +464,10 @@ class FaultyStore(LeaseStore, RegistryStore):
                         -old.lease_remaining,
                         self.sim.blocked_for,
                     )
+                if claim.won:  # applied on the server, whatever the reply's fate
+                    self.sim.claimed.setdefault(f"{request.job}@{request.slot_ms}", now)
+                    if old is not None and old.state is RunState.RELEASED:
+                        self.sim.released.add(f"{old.job}@{old.slot_ms}")
             return claims
 
         claims: list[Claim] = self._call(step)
@@ -493,6 +511,23 @@ class FaultyStore(LeaseStore, RegistryStore):
         return self.inner.namespaces()
 
 
+class ControlledFaultyStore(FaultyStore, ControlStore):
+    """A :class:`FaultyStore` that keeps control entries too (``overlap="cancel_other"``
+    asks the instance running a slot to stop through them), with the same faults."""
+
+    def _set_pause(self, key: str, on: bool) -> bool:
+        return bool(self._call(lambda: self.inner._set_pause(key, on)))
+
+    def _pause_marks(self) -> set[str]:
+        return set(self._call(self.inner._pause_marks))
+
+    def _controls(self, prefixes: tuple[str, ...]) -> dict[str, tuple[int, str]]:
+        return dict(self._call(lambda: self.inner._controls(prefixes)))
+
+    def _set_control(self, key: str, value: str | None, expected: int) -> int:
+        return int(self._call(lambda: self.inner._set_control(key, value, expected)))
+
+
 @dataclass
 class Incarnation:
     """One process of an instance: killed or stopped, it is replaced by a new one."""
@@ -507,6 +542,8 @@ class Incarnation:
     #: Base times during which it was live and its link had no fault.
     healthy: list[tuple[float, float]] = field(default_factory=list)
     healthy_since: float | None = None
+    #: When it was killed or stopped (base seconds); None while it lives (or is frozen).
+    gone_at: float | None = None
 
 
 @dataclass
@@ -572,8 +609,11 @@ class Chaos:
         instances: int = 3,
         seconds: float = 300.0,
         faults: Iterable[str] = FAULTS,
+        overlap: str | None = None,
     ) -> None:
         self.seed = seed
+        #: Every job's overlap policy (None: the default, ``skip``).
+        self.overlap = overlap
         self.faults_on = frozenset(faults)
         unknown = self.faults_on - set(FAULTS)
         if unknown:
@@ -596,6 +636,17 @@ class Chaos:
         self.tokens: dict[str, int] = {}
         #: Slots whose lapsed run a newer slot's claim superseded: (lapsed for, call blocked for).
         self.superseded: dict[str, tuple[float, float]] = {}
+        #: When each slot was first won by a claim (its attempt 1), by slot id.
+        self.claimed: dict[str, float] = {}
+        #: Slots handed over (released) and superseded by a newer slot before a takeover.
+        self.released: set[str] = set()
+        #: Slots that waited for the job's previous run (the overlap policy): when one was
+        #: first seen waiting on an instance, and the incarnations alive then.
+        self.buffered: dict[str, tuple[float, list[Incarnation]]] = {}
+        #: The instances each of those slots waited on.
+        self.waited_on: dict[str, set[str]] = {}
+        #: Slots whose run was asked to stop (``cancel_other``).
+        self.cancelled: set[str] = set()
         #: How long the store call under way was held up (a slow call).
         self.blocked_for = 0.0
         self.calls = self.faults = self.steps = 0
@@ -650,6 +701,7 @@ class Chaos:
                 current.state = "live"
                 self._health(current, now)
             elif kind in ("kill", "terminate") and current.state == "live":
+                current.gone_at = now
                 if kind == "kill":
                     current.state = "dead"
                 else:
@@ -675,7 +727,9 @@ class Chaos:
         rate = 1 + self.rnd.uniform(-RATE_SPREAD, RATE_SPREAD) if drift else 1.0
         clock = DriftClock(self.clock, rate, self.rnd.uniform(-0.3, 0.3) if drift else 0.0)
         inc = Incarnation(name, len(self.incarnations), lease, clock, started=now)
-        store = FaultyStore(self.store, self, inc)
+        faulty = ControlledFaultyStore if self.overlap == "cancel_other" else FaultyStore
+        store = faulty(self.store, self, inc)
+        rules = {} if self.overlap is None else {"overlap": self.overlap}
         scheduler = Scheduler(
             store,
             instance=name,  # a restarted process may reuse its name
@@ -687,7 +741,7 @@ class Chaos:
         for plan in self.jobs:
             handoff = plan.handoff and "handoff" in self.faults_on
             handler = self._dispatcher(plan, inc) if handoff else self._handler(plan, inc)
-            scheduler.add_job(handler, name=plan.name, every=plan.every)
+            scheduler.add_job(handler, name=plan.name, every=plan.every, **rules)  # type: ignore[arg-type]
         inc.scheduler = scheduler
         self.incarnations.append(inc)
         self._health(inc, now)
@@ -703,9 +757,14 @@ class Chaos:
             end = belief.start + plan.duration
             try:
                 while self.clock.time() < end - 1e-9 and inc.state != "dead":
-                    run.check()  # as a handler should: LeaseLost once the run is lost
+                    # As a handler should: LeaseLost once the run is lost, Cancelled once
+                    # a newer slot waits for it (overlap="cancel_other").
+                    run.check()
                     self.clock.sleep(min(0.5, end - self.clock.time()))
                 belief.completed = inc.state != "dead"
+            except Cancelled:
+                self.cancelled.add(run.slot_id)
+                raise
             finally:
                 belief.ended = self.clock.time()
 
@@ -839,6 +898,8 @@ class Chaos:
             self.clock.settle()
             self._executors(self.clock.time())
             self._check(self.clock.time())
+            if self.overlap is not None:
+                self._note_waiting(self.clock.time())
             wake = self.clock.next_deadline()
             if wake is not None:
                 delays.append(wake - self.clock.monotonic())
@@ -860,6 +921,8 @@ class Chaos:
                 if inc.healthy_since is not None:
                     inc.healthy.append((inc.healthy_since, START + self.seconds))
             self._check_liveness()
+            if self.overlap is not None:
+                self._check_overlap()
         except Violation as exc:
             replay = "\n".join(self.log[-40:])
             raise Violation(
@@ -878,6 +941,8 @@ class Chaos:
             command += f" --instances {self.instances}"
         if self.faults_on != frozenset(FAULTS):
             command += f" --faults {','.join(sorted(self.faults_on))}"
+        if self.overlap is not None:
+            command += f" --overlap {self.overlap}"
         return command
 
     # -- the invariants ----------------------------------------------------------
@@ -932,6 +997,12 @@ class Chaos:
         """
         end = START + self.seconds
         exempt = {e.slot_id for e in self.events if e.kind == "overlap"}
+        # Slots that waited for the run before them start late, however late: (g) checks
+        # them. Runs asked to stop (cancel_other) end early by design, and one that lapsed
+        # or was handed over is superseded by the slot waiting, not taken over.
+        exempt |= set(self.buffered) | self.cancelled
+        if self.overlap == "cancel_other":
+            exempt |= set(self.superseded) | self.released
         # Superseded in the instant between a backup's look and the claim (a documented
         # race: the lease ended within a watch interval, plus the claim's own delay).
         exempt |= {
@@ -963,6 +1034,85 @@ class Chaos:
                     raise Violation(f"(c) {slot} never ran, though an instance was healthy")
                 t += plan.every
 
+    def _note_waiting(self, now: float) -> None:
+        """Note the slots waiting on the live instances (their overlap policy), when first seen."""
+        alive = [inc for inc in self.incarnations if inc.state in ("live", "frozen")]
+        for inc in alive:
+            if inc.scheduler is None:
+                continue
+            for plan in self.jobs:
+                rt = inc.scheduler._table.get(plan.name)
+                for slot in rt.waiting if rt is not None else ():
+                    if slot.id not in self.buffered:
+                        self.buffered[slot.id] = (now, alive)
+                    self.waited_on.setdefault(slot.id, set()).add(inc.name)
+
+    def _check_overlap(self) -> None:
+        """The overlap policies' invariants.
+
+        (e) a slot is won by a claim once (its attempt 1 starts once), and (f) the
+        attempts 1 of a job's slots start in the order of their slots; (g) every slot
+        that waited for the run before it was won once that run ended: none is lost to
+        the crash of an instance it waited on, none stays stuck behind a run that
+        ended; (h) the instances decide alike: no slot waits on one instance and is
+        skipped as an overlap by another that never queues it (an instance may skip a
+        slot that came within the clocks' difference of the start of the run before
+        it, and queue it once it hears of that run).
+
+        Exempt from (g): a slot still waiting when the simulation ends behind a
+        run that holds the lease or ended moments ago (or with no instance healthy
+        since), and a slot whose every instance alive when it came was killed or
+        stopped before it started (the instances started since work it out from the
+        record, as catch-up does: once every instance that saw it come was gone, a
+        run that ended meanwhile leaves nothing waiting).
+        """
+        firsts: dict[str, list[Belief]] = {}
+        for belief in self.beliefs:
+            if belief.attempt == 1 and belief.holder != "worker":
+                firsts.setdefault(belief.slot_id, []).append(belief)
+        for slot, beliefs in firsts.items():
+            if len({b.token for b in beliefs}) > 1:
+                raise Violation(f"(e) {slot} was won by a claim {len(beliefs)} times")
+        per_job: dict[str, list[Belief]] = {}
+        for beliefs in firsts.values():
+            per_job.setdefault(beliefs[0].job, []).append(beliefs[0])
+        for job, starts in per_job.items():
+            starts.sort(key=lambda b: (b.start, b.token))
+            for before, after in itertools.pairwise(starts):
+                if _ms(after.slot_id) < _ms(before.slot_id):
+                    raise Violation(
+                        f"(f) {after.slot_id} of {job} started after the newer {before.slot_id}"
+                    )
+        end = START + self.seconds
+        records = self.store.states([plan.name for plan in self.jobs])
+        for slot, (seen, alive) in sorted(self.buffered.items()):
+            if slot in self.claimed:
+                continue
+            job = slot.rpartition("@")[0]
+            record = records.get(job)
+            if all(inc.gone_at is not None and inc.gone_at > seen for inc in alive):
+                continue  # every instance that saw it come went before its turn
+            if record is None or record.slot_ms >= _ms(slot):
+                raise Violation(f"(g) {slot} waited (from {seen - START:.3f}) and never started")
+            ended = end + record.lease_remaining
+            stuck = STUCK * self.max_lease
+            if not record.held and end - ended > stuck and self._healthy(ended, ended + stuck):
+                raise Violation(
+                    f"(g) {slot} waits (from {seen - START:.3f}) behind {job}@{record.slot_ms},"
+                    f" whose run ended at {ended - START:.3f}"
+                )
+        for event in self.events:
+            queued = self.waited_on.get(event.slot_id or "", set())
+            if event.kind == "overlap" and queued and event.instance not in queued:
+                raise Violation(
+                    f"(h) {event.slot_id} waited on {', '.join(sorted(queued))},"
+                    f" {event.instance} skipped it"
+                )
+
+    def _healthy(self, start: float, end: float) -> bool:
+        """Whether an instance was live, with a link without fault, from ``start`` to ``end``."""
+        return any(a <= start and end <= b for inc in self.incarnations for a, b in inc.healthy)
+
     def _running_at_end(self, belief: Belief, latest_start: float) -> bool:
         """Whether ``belief`` began within its slot's window and still runs, unhurt, at the end.
 
@@ -987,6 +1137,10 @@ class Chaos:
         return end - t >= length
 
 
+def _ms(slot_id: str) -> int:
+    return int(slot_id.rpartition("@")[2])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m tests.sim --seed N`` replays one seed; ``--seeds A:B`` soaks a range."""
     parser = argparse.ArgumentParser(prog="python -m tests.sim")
@@ -995,6 +1149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=300.0)
     parser.add_argument("--instances", type=int, default=3)
     parser.add_argument("--faults", default=",".join(FAULTS), help="the faults on, comma-separated")
+    parser.add_argument("--overlap", help="every job's overlap policy (default: skip)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
     seeds = [args.seed] if args.seed is not None else range(*map(int, args.seeds.split(":")))
@@ -1002,7 +1157,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     began = _time.monotonic()
     for seed in seeds:
         chaos = Chaos(
-            seed, instances=args.instances, seconds=args.seconds, faults=args.faults.split(",")
+            seed,
+            instances=args.instances,
+            seconds=args.seconds,
+            faults=args.faults.split(","),
+            overlap=args.overlap,
         )
         try:
             chaos.run()

@@ -5,25 +5,42 @@ job's next slot is claimed); :meth:`Backup.verdict
 <anarchon_core.roles.Backup.verdict>` decides from the record alone, and a
 slot whose lease lapsed or was released is taken over as its next attempt.
 The takeover's answer is acted on like any claim's (:class:`.claims.Answers`).
+
+A run that slots of its job wait for (the job's overlap policy) is backed
+up likewise: once the check finds it ended (or, with ``cancel_other``, its
+lease lapsed), the oldest slot waiting is claimed, as its own slot.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..events import EventKind
-from ..roles import JobRuntime, Verdict
+from ..jobs import Overlap
+from ..roles import Backup, JobRuntime, Verdict
 from ..slots import Slot
 from ..store import JobState, RunState
-from .claims import CLAIM_RETRY, Answers, Ask
+from .claims import CLAIM_RETRY, REQUEST_WAIT, Answers, Ask
 from .context import Context
 from .pacing import Pacer
 
 
 class Backups:
-    """Checks the backed-up leases due, in one read, and takes lapsed slots over."""
+    """Checks the backed-up leases due, in one read, and takes lapsed slots over.
 
-    def __init__(self, ctx: Context, answers: Answers) -> None:
+    ``waits_for_request(rt, slot_ms)``: a run-now request of the job comes
+    before ``slot_ms``; a slot waiting after it waits for its answer.
+    """
+
+    def __init__(
+        self,
+        ctx: Context,
+        answers: Answers,
+        waits_for_request: Callable[[JobRuntime, int], bool] | None = None,
+    ) -> None:
         self._ctx = ctx
         self._answers = answers
+        self._waits_for_request = waits_for_request or (lambda rt, slot_ms: False)
 
     def check(self, now_mono: float, due: list[JobRuntime], pacer: Pacer) -> None:
         """Check the leases of the slots this instance backs up, a chunk per read.
@@ -53,6 +70,7 @@ class Backups:
         gateway = self._ctx.gateway
         states = gateway.per_job(checked, checked, gateway.states)
         lapsed: list[tuple[JobRuntime, JobState]] = []
+        ended: list[tuple[JobRuntime, Slot, JobState | None]] = []
         for rt, record in zip(checked, states, strict=True):
             backup = rt.backup
             if backup is None:  # removed
@@ -60,14 +78,17 @@ class Backups:
             if isinstance(record, Exception):  # refused: read again after a pause
                 backup.retry(now_mono, rt.options, CLAIM_RETRY)
                 continue
-            verdict = backup.verdict(record, now_mono, rt.options)
+            superseded = rt.overlap is Overlap.CANCEL_OTHER and bool(rt.waiting)
+            verdict = backup.verdict(record, now_mono, rt.options, superseded)
             if verdict is Verdict.WATCH:
                 assert record is not None
                 if rt.job.name in due and rt.next_slot is not None:
                     wait = backup.hold(record, rt.next_slot.ms, now_mono)
                     if wait:
                         rt.claim_at = self._ctx.clock.time() + wait
-            elif verdict is Verdict.DROP:
+                if superseded:
+                    self._answers.ask_cancel(rt, record)  # if it could not be asked before
+            elif verdict in (Verdict.DROP, Verdict.SUPERSEDE):
                 rt.backup = None
             elif verdict is Verdict.MISSED:
                 assert record is not None
@@ -80,8 +101,49 @@ class Backups:
                 assert record is not None
                 backup.retry(now_mono, rt.options, CLAIM_RETRY)  # should it not happen now
                 lapsed.append((rt, record))
+            if rt.waiting and rt.backup is None:
+                ended.append((rt, backup.slot, record))
         if lapsed:
             self._take_over(lapsed)
+        if ended:
+            self._start_waiting(ended)
+
+    def _start_waiting(self, ended: list[tuple[JobRuntime, Slot, JobState | None]]) -> None:
+        """The runs that slots waited for ended (or lapsed, with ``cancel_other``): claim
+        each job's oldest slot waiting, in one batch, as its own slot (attempt 1), however
+        late: it was on time when it came. A claim refused alone is tried again after a
+        pause; one a run-now request of the job comes before waits for its answer."""
+        now_mono = self._ctx.clock.monotonic()
+        batch: list[tuple[JobRuntime, Slot]] = []
+        details: list[str] = []
+        for rt, before, record in ended:
+            if record is not None:
+                rt.prune(record.slot_ms)
+                before = Slot.from_ms(rt.job.name, record.slot_ms)
+                if not rt.waiting:  # it began elsewhere: the slot that came since waits for it
+                    self._answers.caught_up(rt, record)
+                    self._answers.await_end(rt, record)
+                    continue
+            if not rt.waiting or not rt.watched:
+                continue
+            head = rt.waiting[0]
+            if self._waits_for_request(rt, head.ms):
+                rt.backup = Backup(head, 0, now_mono + REQUEST_WAIT)
+                continue
+            batch.append((rt, head))
+            details.append(
+                f"waited for {before.id} to end" if before.ms < head.ms else "waited its turn"
+            )
+        if not batch:
+            return
+        gateway = self._ctx.gateway
+        sent = self._ctx.clock.monotonic()
+        claims = gateway.per_job([rt for rt, _ in batch], batch, gateway.claim_slots)
+        for (rt, head), detail, claim in zip(batch, details, claims, strict=True):
+            if isinstance(claim, Exception):  # refused: checked (and claimed) again after a pause
+                rt.backup = Backup(head, 0, now_mono + min(rt.options.watch, CLAIM_RETRY))
+                continue
+            self._answers.act(rt, head, claim, sent, Ask.BUFFERED, detail=detail)
 
     def _take_over(self, lapsed: list[tuple[JobRuntime, JobState]]) -> None:
         """Take each record's slot over (compare-and-set on its token), as its next attempt,

@@ -2,23 +2,31 @@
 every claim's answer in one place (:meth:`Answers.act`).
 
 A claim asks the store for a slot; so does a takeover (of a lapsed or
-released slot), a run-now or catch-up request and a backfill. Whatever
+released slot), a run-now or catch-up request, a backfill and a slot that
+waited for the job's previous run to end (its overlap policy). Whatever
 asked, the answer is acted on by :class:`Answers`: a slot won begins here
 (:mod:`.runs`), a slot another instance holds is backed up (:mod:`.backups`).
+A slot that comes while the job's previous run holds its lease is skipped,
+or queued by the job's overlap policy (:meth:`Answers.queue`); while slots
+wait, a scheduled slot is never claimed (it would supersede them): it is
+queued or skipped from the record read (:meth:`Answers.arrived`).
 """
 
 from __future__ import annotations
 
 import enum
+import json
 import logging
 import random
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 
+from ..errors import Conflict, is_bug
 from ..events import EventKind
+from ..jobs import MAX_BUFFERED, Overlap
 from ..roles import Backup, JobRuntime
 from ..slots import Slot
-from ..store import Claim, ClaimStatus, JobState, refusal
+from ..store import HISTORY, Claim, ClaimStatus, JobState, refusal
 from .context import Context
 from .pacing import Pacer
 from .runs import Runs
@@ -32,6 +40,9 @@ CLAIM_RETRY = 2.0
 REQUEST_WAIT = 0.1
 #: How many slot times' jitter draws are kept; past that, the older half is dropped.
 TICK_OFFSETS_KEPT = 4096
+#: The control entries asking the instance that runs a job's slot to stop it
+#: (``cancel/<job>/<token>``, ``overlap="cancel_other"``; see :mod:`.requests`).
+CANCEL = "cancel/"
 
 
 class Ask(enum.Enum):
@@ -45,6 +56,8 @@ class Ask(enum.Enum):
     BACKFILL = "backfill"
     #: A slot whose lease lapsed or was handed over, as its next attempt.
     TAKEOVER = "takeover"
+    #: A slot that waited for the job's previous run to end (its overlap policy).
+    BUFFERED = "buffered"
 
 
 class Answers:
@@ -73,14 +86,21 @@ class Answers:
         holder = claim.holder
         if claim.won:
             assert holder is not None
-            if ask in (Ask.SCHEDULED, Ask.TAKEOVER):
+            if ask in (Ask.SCHEDULED, Ask.TAKEOVER, Ask.BUFFERED):
                 rt.backup = None  # whatever was backed up, the record moved on to this run
-            kind = won or rt.won_kind(self._ctx.lateness(slot), rt.deferred)
+            rt.prune(holder.slot_ms)
+            rt.cancel_asked = None
+            deferred = 0.0 if ask is Ask.BUFFERED else rt.deferred
+            kind = won or rt.won_kind(self._ctx.lateness(slot), deferred)
             self._ctx.emit(
                 kind, slot=slot, attempt=holder.attempt, token=holder.token, detail=detail
             )
             self._runs.begin(rt, slot, holder, sent)
-        elif ask is Ask.SCHEDULED:
+        elif ask is Ask.BUFFERED and self._waits_on(rt, slot, claim):
+            pass  # the run before it still holds the lease
+        elif claim.status is ClaimStatus.ENDED:
+            self._ended(rt, slot, claim)
+        elif ask in (Ask.SCHEDULED, Ask.BUFFERED):
             self._refused(rt, slot, claim)
         elif holder is not None and (
             claim.status is ClaimStatus.TAKEN if ask is Ask.REQUESTED else holder.slot_ms == slot.ms
@@ -88,6 +108,10 @@ class Answers:
             self.back_up(rt, holder)
         elif ask is Ask.TAKEOVER:
             rt.backup = None  # another attempt, or another slot, is recorded
+        if holder is not None and ask is not Ask.SCHEDULED:
+            self.caught_up(rt, holder)
+        if rt.waiting:
+            self.await_end(rt, holder)
 
     def _refused(self, rt: JobRuntime, slot: Slot, claim: Claim) -> None:
         """A scheduled slot not won: reported, and its holder backed up if need be."""
@@ -98,8 +122,8 @@ class Answers:
             if holder is not None:
                 self.back_up(rt, holder)
         elif claim.status is ClaimStatus.BUSY:
-            running = Slot.from_ms(slot.job, holder.slot_ms).id if holder else "?"
-            emit(EventKind.OVERLAP, slot=slot, detail=f"{running} still holds its lease")
+            if holder is None or not self.queue(rt, slot, holder):
+                emit(EventKind.OVERLAP, slot=slot, detail=self._overlap_detail(rt, slot, holder))
             if holder is not None and rt.backup is None and rt.runner is None:
                 self.back_up(rt, holder)
         elif claim.status is ClaimStatus.PAUSED:
@@ -109,6 +133,236 @@ class Answers:
                 self.back_up(rt, holder)
         else:
             emit(EventKind.TAKEN, slot=slot, detail="a newer slot is recorded")
+
+    def _ended(self, rt: JobRuntime, slot: Slot, claim: Claim) -> None:
+        """The job has run its limit of slots, by the store's count: no slot of it is
+        claimed here any more (every instance hears the same from the store). A run
+        still going, its last, is backed up as any."""
+        limit = rt.job.rules.limit
+        self._ctx.emit(
+            EventKind.LIMIT_REACHED, slot=slot, detail=f"limit reached ({limit} of {limit})"
+        )
+        rt.next_slot = None
+        holder = claim.holder
+        if holder is not None and holder.held and rt.backup is None and rt.runner is None:
+            self.back_up(rt, holder)
+
+    # -- overlap policies ----------------------------------------------------
+
+    def queue(self, rt: JobRuntime, slot: Slot, holder: JobState) -> bool:
+        """``slot`` came while ``holder``'s run, of an older slot, holds the job's lease:
+        whether it waits for that run to end, by the job's overlap policy
+        (:meth:`JobRuntime.enqueue <anarchon_core.roles.JobRuntime.enqueue>`; False:
+        skipped). With ``cancel_other``, the run is asked to stop."""
+        if rt.overlap is Overlap.SKIP:
+            return False
+        queued = rt.enqueue(slot, holder.slot_ms, self._began(rt, holder.slot_ms))
+        if queued:
+            log.debug("anarchon: %s waits for %s to end", slot.id, _id(rt, holder.slot_ms))
+        self.ask_cancel(rt, holder)
+        return queued
+
+    def caught_up(self, rt: JobRuntime, record: JobState) -> None:
+        """``record``'s run holds the lease, and began after its slot's time (it waited,
+        or was requested): the slot that came since and waits for it, by the rule every
+        instance applies, though it came before this instance heard of the run (a slot
+        that comes within the clocks' difference of a run's start)."""
+        if rt.overlap is Overlap.SKIP or rt.waiting or not record.held or not rt.watched:
+            return
+        latest = rt.slot_at_or_before(self._ctx.now())
+        if latest is not None and latest.ms > record.slot_ms:
+            self.queue(rt, latest, record)
+
+    def derive(self, rt: JobRuntime, previous: Slot, record: JobState) -> None:
+        """A job placed (an instance starts, or the job is declared) while the store's
+        ``record`` is of a slot older than ``previous``, the latest slot due: the slots
+        that wait for that run, by the job's policy, worked out from the record as the
+        instances that saw them come did.
+
+        If its run holds the lease, they wait for its end. If its lease ended
+        (the run ended, lapsed or was handed over) after ``previous`` came, less
+        than an interval ago, they start now, oldest first, as on the instances
+        that saw them come (a lapsed run is taken over first, as any backup
+        does; with ``cancel_other`` it is superseded). A lease that ended
+        before ``previous`` came leaves nothing waiting: catch-up rules apply
+        (after every instance was down, say)."""
+        if rt.overlap is Overlap.SKIP:
+            return
+        if not record.held and record.lease_remaining + self._ctx.lateness(previous) <= 0:
+            return  # it came after that run's lease ended: missed, not waiting
+        self.queue(rt, previous, record)
+        self.await_end(rt, record)
+
+    def behind(self, rt: JobRuntime, slot: Slot, record: JobState | None) -> bool:
+        """``slot``'s claim is due, nothing waits here, and ``record`` was just read:
+        whether slots wait for its run all the same (this instance did not see them
+        come: it was cut off or held up). The run is of an older slot, its lease ended
+        (it would not be superseded by the claim otherwise), and slots came before
+        that end that wait by the job's rule: they start first (a lapsed run is taken
+        over first), and ``slot`` is queued or skipped behind them. False: ``slot`` is
+        claimed as any."""
+        if rt.overlap is Overlap.SKIP or record is None or record.held:
+            return False
+        if record.slot_ms >= slot.ms:
+            return False
+        ended = self._ctx.clock.time() + record.lease_remaining
+        if rt.following(Slot.from_ms(rt.job.name, record.slot_ms)).time.timestamp() >= ended:
+            return False  # the usual case: its lease ended before the next slot came
+        decided = rt.decided_ms
+        rt.enqueue(slot, record.slot_ms, self._began(rt, record.slot_ms))
+        while rt.waiting and rt.waiting[-1].time.timestamp() >= ended:
+            rt.waiting.pop()  # came after that end: not waiting for it
+        if not rt.waiting:
+            rt.decided_ms = decided
+            return False
+        rt.decided_ms = max(decided, rt.waiting[-1].ms)
+        return self.arrived(rt, slot, record)
+
+    def arrived(self, rt: JobRuntime, slot: Slot, record: JobState | None) -> bool:
+        """``slot``, scheduled, came while slots of its job wait; ``record`` is the job's
+        record, just read. Its claim is not sent (it would supersede the slots waiting):
+        it is queued or skipped by the job's policy, as if the run they wait for held the
+        lease. False if the record shows that nothing waits any more: the slot is then
+        claimed as any."""
+        if record is not None:
+            rt.prune(record.slot_ms)
+        if not rt.waiting:
+            return False
+        head = rt.waiting[0]
+        holder_ms = record.slot_ms if record is not None else head.ms - 1
+        if not rt.enqueue(slot, holder_ms, None):
+            if rt.overlap is Overlap.BUFFER_ALL:
+                why = f"{MAX_BUFFERED} slots wait already (overlap=buffer_all)"
+            else:
+                why = f"{head.id} waits already (overlap={rt.overlap.value})"
+            self._ctx.emit(EventKind.OVERLAP, slot=slot, detail=why)
+        if record is not None:
+            self.ask_cancel(rt, record)
+        self.await_end(rt, record)
+        return True
+
+    def _overlap_detail(self, rt: JobRuntime, slot: Slot, holder: JobState | None) -> str:
+        """Why a slot that came while ``holder`` held the lease is skipped."""
+        running = _id(rt, holder.slot_ms) if holder else "?"
+        detail = f"{running} still holds its lease"
+        waiting = rt.waiting
+        if rt.overlap is Overlap.SKIP:
+            return detail
+        if rt.overlap is Overlap.BUFFER_ALL and len(waiting) >= MAX_BUFFERED:
+            return f"{detail}; {MAX_BUFFERED} slots wait already"
+        if waiting and waiting[0].ms != slot.ms:
+            return f"{detail}; {waiting[0].id} waits already"
+        return f"{detail}; it began after this slot came"
+
+    def _began(self, rt: JobRuntime, holder_ms: int) -> float | None:
+        """When the run of the job's slot ``holder_ms`` began, by the store's history (its
+        first attempt's start, on the store's clock), for the policies whose waiting slot
+        is the first one after that; None when unknown (the slot's time then stands for it)."""
+        if rt.overlap not in (Overlap.BUFFER_ONE, Overlap.CANCEL_OTHER):
+            return None
+        if rt.began is not None and rt.began[0] == holder_ms:
+            return rt.began[1]
+        try:
+            runs = self._ctx.gateway.store.history(rt.job.name, HISTORY)
+        except Exception as exc:
+            if is_bug(exc):
+                raise
+            log.warning(
+                "anarchon: could not read the history of %s (the slot after %s waits): %s",
+                rt.job.name,
+                _id(rt, holder_ms),
+                exc,
+            )
+            return None
+        starts = [run.started_at for run in runs if run.slot_ms == holder_ms]
+        if not starts:
+            return None
+        rt.began = (holder_ms, min(starts))
+        return rt.began[1]
+
+    def ask_cancel(self, rt: JobRuntime, holder: JobState) -> None:
+        """Ask ``holder``'s run to stop, once per run, when a newer slot waits for it
+        (``cancel_other``): at once when this instance runs it, else through the store
+        (a control entry ``cancel/<job>/<token>`` that the instance running it reads within
+        a second, see :mod:`.requests`). A request that could not be written is asked
+        again at the next check of the run."""
+        if (
+            rt.overlap is not Overlap.CANCEL_OTHER
+            or not rt.waiting
+            or not holder.held
+            or holder.slot_ms >= rt.waiting[0].ms
+            or rt.cancel_asked == holder.token
+        ):
+            return
+        head = rt.waiting[0]
+        reason = f"{head.id} waits for it to end (overlap=cancel_other)"
+        runner = rt.runner
+        if runner is not None and runner.run.token == holder.token:
+            if runner.run.cancel(reason):
+                log.info("anarchon: %s asked to stop: %s", runner.run.slot_id, reason)
+            rt.cancel_asked = holder.token
+            return
+        gateway = self._ctx.gateway
+        if not gateway.controls:
+            rt.cancel_asked = holder.token  # no control entries here: the slot waits its end
+            return
+        value = json.dumps(
+            {
+                "slot_ms": holder.slot_ms,
+                "waits": head.ms,
+                "by": self._ctx.instance,
+                "asked": self._ctx.clock.time(),
+            }
+        )
+        try:
+            gateway.store.set_control(f"{CANCEL}{rt.job.name}/{holder.token}", value, 0)
+        except Conflict:
+            pass  # asked already, by another instance
+        except Exception as exc:
+            if is_bug(exc):
+                raise
+            log.warning("anarchon: could not ask %s to stop: %s", _id(rt, holder.slot_ms), exc)
+            return
+        rt.cancel_asked = holder.token
+
+    def _waits_on(self, rt: JobRuntime, slot: Slot, claim: Claim) -> bool:
+        """The answer to the claim of ``slot``, which waited for the job's previous run:
+        True while that run holds the lease (the slot waits on); else the slot waits no
+        more (started elsewhere, superseded, or refused), and none after it starts either
+        when the job is paused or has run its limit."""
+        if claim.status is ClaimStatus.BUSY:
+            return True
+        holder = claim.holder
+        rt.prune(max(slot.ms, holder.slot_ms if holder is not None else slot.ms))
+        if claim.status not in (ClaimStatus.TAKEN, ClaimStatus.STALE):
+            for later in rt.waiting:
+                if claim.status is ClaimStatus.PAUSED:
+                    self._ctx.emit(EventKind.PAUSED, slot=later)
+            rt.waiting.clear()
+        return False
+
+    def await_end(self, rt: JobRuntime, record: JobState | None) -> None:
+        """Make sure this instance hears of the end of the run its waiting slots wait for:
+        the end of its own run starts them (:mod:`.runs`); another's is backed up
+        (checked at once if ``record`` ended already), and its end starts them
+        (:mod:`.backups`)."""
+        if not rt.waiting or not rt.watched or self._ctx.gateway.leases is None:
+            return
+        runner, backup = rt.runner, rt.backup
+        if record is None:
+            if backup is None and runner is None:
+                rt.backup = Backup.at_once(rt.waiting[0], 0, self._ctx.clock.monotonic())
+            return
+        if runner is not None and runner.run.token == record.token and not runner.run.lost:
+            return
+        if backup is not None and backup.slot.ms == record.slot_ms:
+            return
+        slot = Slot.from_ms(rt.job.name, record.slot_ms)
+        now_mono = self._ctx.clock.monotonic()
+        if record.held:
+            rt.backup = Backup.of(slot, record, now_mono, rt.options)
+        else:
+            rt.backup = Backup.at_once(slot, record.token, now_mono)
 
     def back_up(self, rt: JobRuntime, holder: JobState) -> None:
         """Become the backup of ``holder``'s run, if the store keeps leases and it needs one."""
@@ -153,6 +407,9 @@ class Claims:
             ctx.table.placed(rt)
             previous = rt.slot_at_or_before(now)
             rt.next_slot = rt.slot_after(now)
+            rt.waiting.clear()
+            rt.began = rt.cancel_asked = None
+            rt.decided_ms = 0
             if record is None or previous is None:
                 # A job never seen before starts with its next slot, not a catch-up.
                 pass
@@ -162,8 +419,14 @@ class Claims:
                 # (Where leases are measured by observation, an old record left
                 # running would look live: only the latest slot's is backed up.)
                 self._answers.back_up(rt, record)
+                if record.slot_ms < previous.ms:
+                    self._answers.derive(rt, previous, record)
             elif rt.catches_up(previous, record, ctx.lateness(previous)):
                 rt.next_slot = previous
+            elif record.slot_ms < previous.ms and not ctx.gateway.by_observation:
+                # An older run whose lease ended after the latest slot came: that slot
+                # (and those before it) came while it held the lease.
+                self._answers.derive(rt, previous, record)
             self.place(rt)
 
     def place(self, rt: JobRuntime) -> None:
@@ -209,8 +472,33 @@ class Claims:
             # Each chunk's slots worked out when it is sent: the misses a backlog
             # reports are work too, and the runs' upkeep goes between two chunks.
             batch = self._batch(chunk, self._ctx.clock.time())
+            queued = [(rt, slot) for rt, slot in batch if rt.overlap is not Overlap.SKIP]
+            if queued:
+                claimed = self._arrive(queued)
+                batch = [(rt, s) for rt, s in batch if rt.overlap is Overlap.SKIP or rt in claimed]
             if batch:
                 self._claim_chunk(batch)
+
+    def _arrive(self, queued: list[tuple[JobRuntime, Slot]]) -> list[JobRuntime]:
+        """The slots of ``queued``, of jobs whose overlap policy queues slots: the record
+        is read first, in one batch. While slots of the job wait, its slot is never
+        claimed (it would supersede them), but queued or skipped by the job's policy
+        (:meth:`Answers.arrived`); likewise when the record shows slots waiting that
+        this instance did not see come (:meth:`Answers.behind`). A job whose read
+        failed is tried again after a pause. The others: their slot is claimed as any."""
+        gateway, now, answers = self._ctx.gateway, self._ctx.clock.time(), self._answers
+        jobs = [rt for rt, _ in queued]
+        records = gateway.per_job(jobs, jobs, gateway.states)
+        claimed: list[JobRuntime] = []
+        for (rt, slot), record in zip(queued, records, strict=True):
+            if isinstance(record, Exception):
+                rt.claim_at = now + CLAIM_RETRY  # within its catch-up window
+            elif (answers.arrived if rt.waiting else answers.behind)(rt, slot, record):
+                if not rt.removed:
+                    self.advance(rt, slot)
+            else:
+                claimed.append(rt)
+        return claimed
 
     def _claim_chunk(self, batch: Sequence[tuple[JobRuntime, Slot]]) -> None:
         """Claim every slot of ``batch`` in one round trip, and act on the answers."""
@@ -232,7 +520,9 @@ class Claims:
                     self._answers.act(rt, slot, claim, sent, Ask.SCHEDULED)
         finally:
             for (rt, slot), claim in zip(batch, claims, strict=True):
-                if not isinstance(claim, Exception) and not rt.removed:
+                if isinstance(claim, Exception) or rt.removed:
+                    continue
+                if claim.status is not ClaimStatus.ENDED:  # an ended job has no next slot
                     self.advance(rt, slot)
         if peers.version != version:
             self.replace_deferred()
@@ -280,8 +570,12 @@ class Claims:
                 if isinstance(record, Exception):
                     answers[i] = record
                 else:
-                    # The store's own rule for a claim's refusal.
-                    answers[i] = refusal(batch[i][1].ms, record)
+                    # The store's own rule for a claim's refusal. A job with a limit
+                    # is claimed when busy: the store may answer that it ended.
+                    answer = refusal(batch[i][1].ms, record)
+                    limited = batch[i][0].job.rules.limit is not None
+                    if not (limited and answer and answer.status is ClaimStatus.BUSY):
+                        answers[i] = answer
         rest = [i for i, answer in enumerate(answers) if answer is None]
         if rest:
             jobs = [batch[i][0] for i in rest]
@@ -289,3 +583,8 @@ class Claims:
             for i, claim in zip(rest, claims, strict=True):
                 answers[i] = claim
         return [answer for answer in answers if answer is not None]
+
+
+def _id(rt: JobRuntime, slot_ms: int) -> str:
+    """The id of the job's slot ``slot_ms``."""
+    return Slot.from_ms(rt.job.name, slot_ms).id

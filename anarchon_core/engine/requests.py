@@ -15,14 +15,15 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import NamedTuple
 
-from ..control import CATCH_UP, DEFINED, FILL, MANUAL, RUN_NOW
+from ..control import CATCH_UP, DEFINED, FILL, MANUAL, RUN_NOW, RUN_NOW_LEAD
 from ..errors import Conflict, StoreUnavailable
 from ..events import EventKind
+from ..once import entry_value
 from ..roles import ENDED, JobRuntime
 from ..schedules import from_ms, to_ms
 from ..slots import BACKFILL, Slot
-from ..store import Claim, ClaimStatus, JobState
-from .claims import Answers, Ask
+from ..store import Claim, ClaimStatus, JobState, OnceEntry, OnceStore
+from .claims import CANCEL, Answers, Ask
 from .context import Context
 from .gateway import describe
 
@@ -32,6 +33,13 @@ log = logging.getLogger(__name__)
 CONTROL_POLL = 1.0
 #: How many marks of a job's slots run on request (``manual/<job>/<slot ms>``) are kept.
 MANUAL_KEPT = 50
+#: Seconds ahead of now that the one-offs are read: every instance knows of one before its
+#: time, so that none claims a scheduled slot after it first.
+ONCE_LOOKAHEAD = RUN_NOW_LEAD
+#: The most one-off entries one poll reads (one read of the store's index).
+ONCE_PAGE = 500
+#: What a request is, by the event of its win (a one-off's is computed when won).
+_WHAT = {EventKind.MANUAL: "run-now request", EventKind.CATCH_UP: "catch-up"}
 
 
 class Request(NamedTuple):
@@ -42,6 +50,9 @@ class Request(NamedTuple):
     version: int
     #: The event of a win.
     kind: EventKind
+    #: A one-off (a store entry of its own, not a control entry; its win is reported
+    #: as a scheduled slot's: on time, or a catch-up).
+    once: bool = False
 
 
 class Fill(NamedTuple):
@@ -83,6 +94,12 @@ class Requests:
         self.poll_at = 0.0
         #: Run-now and catch-up requests read from the store, per job, oldest first.
         self._pending: dict[str, list[Request]] = {}
+        #: One-offs (see :meth:`_poll_once`): those read of the jobs declared here, the
+        #: read's cursor, those declared here to write, and whether the store keeps them.
+        self._once_known: dict[tuple[int, str], Request] = {}
+        self._once_after: tuple[int, str] | None = None
+        self._once_new: dict[tuple[int, str], OnceEntry] = {}
+        self._once_on = isinstance(ctx.gateway.store, OnceStore)
 
     # -- reading -------------------------------------------------------------
 
@@ -93,17 +110,19 @@ class Requests:
         if gateway.controls and now_mono >= self.poll_at:
             self.poll_at = now_mono + CONTROL_POLL
             try:
-                entries = gateway.store.controls(DEFINED, RUN_NOW, FILL, CATCH_UP)
+                entries = gateway.store.controls(DEFINED, RUN_NOW, FILL, CATCH_UP, CANCEL)
             except StoreUnavailable:
                 raise
             except Exception as exc:
                 gateway.controls = False
                 log.warning("anarchon: the store's control entries are unusable: %s", describe(exc))
                 return
-            defined, requests, fills, catch_ups = (
+            defined, requests, fills, catch_ups, cancels = (
                 {k: v for k, v in entries.items() if k.startswith(prefix)}
-                for prefix in (DEFINED, RUN_NOW, FILL, CATCH_UP)
+                for prefix in (DEFINED, RUN_NOW, FILL, CATCH_UP, CANCEL)
             )
+            if cancels:
+                self._cancel(cancels)
             self._apply_definitions(defined)
             if fills:
                 self._backfill(fills)
@@ -119,6 +138,8 @@ class Requests:
                 )
             if catch_ups:
                 self._catch_up(catch_ups)
+            if self._once_on:
+                self._poll_once()
             for pending in self._pending.values():
                 pending.sort()
         if self._pending:
@@ -194,11 +215,15 @@ class Requests:
             rt = self._ctx.table.get(job)
             if rt is None or not rt.watched or not rt.ready or not pending:
                 continue  # another instance's job, not placed yet, or left alone
-            slot_ms, key, version, kind = pending[0]
+            slot_ms, key, version, kind, once = pending[0]
             if slot_ms > now_ms:
                 continue  # not its time yet
             if rt.next_slot is not None and rt.next_slot.ms <= slot_ms:
                 continue  # this instance's scheduled slots before it come first
+            if rt.waiting and rt.waiting[0].ms < slot_ms:
+                continue  # so do the slots waiting for the job's previous run (overlap)
+            if once and self._once_too_late(rt, Slot.from_ms(job, slot_ms)):
+                continue
             batches.setdefault(kind, []).append(Asked(rt, Slot.from_ms(job, slot_ms), key, version))
         for kind, batch in batches.items():
             for slot, claim in self._ask(batch, kind):
@@ -206,8 +231,10 @@ class Requests:
                 holder = claim.holder
                 if claim.won and kind is EventKind.MANUAL:
                     self._mark_manual(slot)
-                elif not claim.won and holder is not None and holder.slot_ms != slot.ms:
-                    what = "run-now request" if kind is EventKind.MANUAL else "catch-up"
+                elif claim.status is not ClaimStatus.ENDED and (  # ended: reported as such
+                    not claim.won and holder is not None and holder.slot_ms != slot.ms
+                ):
+                    what = _WHAT.get(kind, "one-off")
                     self._ctx.emit(EventKind.MISSED, slot=slot, detail=f"{what} superseded")
 
     def _ask(self, batch: list[Asked], kind: EventKind) -> list[tuple[Slot, Claim]]:
@@ -231,8 +258,12 @@ class Requests:
             ):
                 continue  # asked again at a later step
             answered.append((slot, claim))
-            self._remove(key, version)
-            self._answers.act(rt, slot, claim, sent, Ask.REQUESTED, kind)
+            if key:
+                self._remove(key, version)
+                self._answers.act(rt, slot, claim, sent, Ask.REQUESTED, kind)
+            else:  # a one-off: its entry goes, its win is reported as a slot's
+                self._remove_once(slot)
+                self._answers.act(rt, slot, claim, sent, Ask.REQUESTED, None, "one-off")
         return answered
 
     def _mark_manual(self, slot: Slot) -> None:
@@ -253,6 +284,146 @@ class Requests:
         """Remove a control entry answered; another instance may have removed it first."""
         with contextlib.suppress(Conflict):
             self._ctx.gateway.store.set_control(key, None, version)
+
+    # -- stopping runs (overlap="cancel_other") ------------------------------
+
+    def _cancel(self, entries: dict[str, tuple[int, str]]) -> None:
+        """Tell the runs held here that a newer slot of their job waits (``cancel/<job>/<token>``,
+        written by whichever instance queued that slot, see
+        :meth:`Answers.ask_cancel <.claims.Answers.ask_cancel>`): ``run.cancelled`` turns
+        true, and the entry is removed. An entry whose run no longer holds the job's
+        record (it ended, lapsed, or was superseded) is removed by any instance."""
+        unheld: dict[str, list[tuple[str, int, int]]] = {}
+        for key, (version, value) in entries.items():
+            job, _, token_text = key[len(CANCEL) :].rpartition("/")
+            try:
+                token = int(token_text)
+                waits = Slot.from_ms(job, int(json.loads(value)["waits"])).id
+            except (ValueError, KeyError, TypeError, OverflowError):
+                self._remove(key, version)  # not one anarchon wrote: nothing to tell
+                continue
+            rt = self._ctx.table.get(job)
+            runner = rt.runner if rt is not None else None
+            if runner is not None and runner.run.token == token:
+                reason = f"{waits} waits for it to end (overlap=cancel_other)"
+                if runner.run.cancel(reason):
+                    log.info("anarchon: %s asked to stop: %s", runner.run.slot_id, reason)
+                self._remove(key, version)
+            else:
+                unheld.setdefault(job, []).append((key, version, token))
+        if not unheld:
+            return
+        try:
+            records = self._ctx.gateway.store.states(list(unheld))
+        except StoreUnavailable:
+            raise
+        except Exception as exc:  # read again at the next poll
+            log.warning("anarchon: could not read the runs asked to stop: %s", describe(exc))
+            return
+        for job, asked in unheld.items():
+            record = records.get(job)
+            for key, version, token in asked:
+                if record is None or record.token != token or not record.held:
+                    self._remove(key, version)
+
+    # -- one-offs ------------------------------------------------------------
+
+    def declare_once(self, job: str, due_ms: int) -> None:
+        """A one-off of ``job`` declared here (``Scheduler.once``): its store entry is
+        written at the next poll (no store call from a declaration), unless the job's
+        record shows it ran, or it is past its catch-up window already."""
+        self._once_new[(due_ms, job)] = OnceEntry(
+            due_ms, job, entry_value(self._ctx.instance, self._ctx.clock.time())
+        )
+
+    def _poll_once(self) -> None:
+        """Write the one-offs declared here, then read the entries due (up to
+        :data:`ONCE_LOOKAHEAD` ahead) and add those of the jobs declared here to the
+        pending requests.
+
+        One read of the store's index per poll: the oldest :data:`ONCE_PAGE` entries
+        due. When more are due than a page holds, the next poll reads the page after
+        this one (and so on, starting over after the last), so that entries of jobs
+        declared only by other instances never keep this instance's from being read.
+        Those are left to the instances that declare them. An entry read before and
+        missing from a read that covers its place was settled by another instance.
+        """
+        store = self._ctx.gateway.store
+        assert isinstance(store, OnceStore)
+        try:
+            if self._once_new:
+                self._write_declared(store)
+            now_ms = int(self._ctx.clock.time() * 1000)
+            after = self._once_after
+            page = store.once_due(now_ms + int(ONCE_LOOKAHEAD * 1000), ONCE_PAGE, after)
+        except StoreUnavailable:
+            raise
+        except Exception as exc:
+            self._once_on = False
+            log.warning("anarchon: the store's one-off runs are unusable: %s", describe(exc))
+            return
+        full = len(page) == ONCE_PAGE
+        self._once_after = page[-1].key if full else None
+        last = page[-1].key if full else None
+        read = {entry.key for entry in page}
+        for key in list(self._once_known):
+            covered = (after is None or key > after) and (last is None or key <= last)
+            if covered and key not in read:
+                del self._once_known[key]  # settled (or removed) elsewhere
+        table = self._ctx.table
+        for entry in page:
+            if entry.key not in self._once_known:
+                self._once_known[entry.key] = Request(entry.due_ms, "", 0, EventKind.WON, True)
+        for key, request in list(self._once_known.items()):
+            rt = table.get(key[1])
+            if rt is None or rt.removed:
+                del self._once_known[key]  # another instance's job: left to those that declare it
+            else:
+                self._pending.setdefault(key[1], []).append(request)
+
+    def _write_declared(self, store: OnceStore) -> None:
+        """Write the entries of the one-offs declared here, but those the job's record
+        shows ran (its slot is theirs or newer) and those past their catch-up window."""
+        table, now = self._ctx.table, self._ctx.clock.time()
+        new = [e for e in self._once_new.values() if (rt := table.get(e.job)) and rt.watched]
+        records = store.states({entry.job for entry in new})
+        written = []
+        for entry in new:
+            record = records.get(entry.job)
+            rt = table.get(entry.job)
+            assert rt is not None
+            slot = Slot.from_ms(entry.job, entry.due_ms)
+            if record is not None and record.slot_ms >= entry.due_ms:
+                continue  # it ran (or a newer slot superseded it): the record is the proof
+            if now - entry.due_ms / 1000 > rt.job.catch_up_for(slot.time):
+                log.info("anarchon: one-off %s is past its catch-up window: not run", slot.id)
+                continue
+            written.append(entry)
+        store.add_once(written)
+        self._once_new = {}
+
+    def _once_too_late(self, rt: JobRuntime, slot: Slot) -> bool:
+        """Whether the one-off ``slot``, due, is past its job's catch-up window: then it
+        is reported missed and its entry removed."""
+        lateness = self._ctx.lateness(slot)
+        if lateness <= rt.job.catch_up_for(slot.time):
+            return False
+        self._ctx.emit(
+            EventKind.MISSED, slot=slot, detail=f"one-off {lateness:.0f}s late: past its catch-up"
+        )
+        self._remove_once(slot)
+        self._pending[slot.job].pop(0)
+        return True
+
+    def _remove_once(self, slot: Slot) -> None:
+        """Remove a one-off's entry, settled; another instance may have removed it first."""
+        self._once_known.pop((slot.ms, slot.job), None)
+        store = self._ctx.gateway.store
+        assert isinstance(store, OnceStore)
+        try:
+            store.remove_once(slot.job, slot.ms)
+        except Exception as exc:  # read again at the next poll, and settled then
+            log.warning("anarchon: could not remove the one-off %s: %s", slot.id, describe(exc))
 
     # -- backfill ------------------------------------------------------------
 

@@ -18,7 +18,7 @@ import threading
 from typing import Any
 
 from ..clock import Task
-from ..errors import BatchRefused, DispatchFailed, LeaseLost
+from ..errors import BatchRefused, Cancelled, DispatchFailed, LeaseLost
 from ..events import EventKind
 from ..jobs import Run
 from ..pauses import PauseReason, failed_reason, pause_for
@@ -152,6 +152,10 @@ class Runs:
             # The handler stopped because its run was lost (run.check()): not a failure.
             # The slot goes back (if the store still has it) for a backup to run.
             outcome, interrupted = RunState.RELEASED, True
+        except Cancelled:
+            # The handler stopped as asked (run.check(), overlap="cancel_other"): it ends
+            # done, as if it returned, and the slot waiting starts; never taken over.
+            pass
         except DispatchFailed as exc:
             outcome, dispatch_failed = RunState.FAILED, True
             log.warning(
@@ -413,6 +417,10 @@ class Runs:
                 rt.backup = Backup.of_own(runner, self._ctx.clock.monotonic(), rt.options)
                 if done.dispatch_failed:
                     rt.backup.next_check += dispatch_retry_after(run.attempt, rt.options.watch)
+            if rt.waiting and rt.backup is None and rt.watched:
+                # Slots wait for this run: the record is read at once, and once it
+                # shows the run ended, the oldest of them is claimed (see .backups).
+                rt.backup = Backup.at_once(runner.slot, run.token, self._ctx.clock.monotonic())
             if rt.removed:
                 self._ctx.table.forget(rt)
         if done.interrupted and not finished:
@@ -449,6 +457,8 @@ class Runs:
         if retry:
             after = dispatch_retry_after(done.runner.run.attempt, done.runtime.options.watch)
             return f"another attempt in {after:g}s, within the catch-up window"
+        if done.runner.run.cancelled:
+            return f"cancelled: {done.runner.run.cancel_reason}"
         if done.dispatch_failed:
             return "recorded failed: " + (
                 "its catch-up window has passed"

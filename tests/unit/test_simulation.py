@@ -7,7 +7,12 @@ error episodes, clock offsets and drift, dispatched work whose workers die
 or never pick it up, and broker outages. After every step the invariants are
 checked: (a) never two attempts of one slot that both believe they hold it,
 (b) tokens rise, (c) every slot due while an instance was healthy through its
-window runs, (d) no scheduling step raises. The long soak is
+window runs, (d) no scheduling step raises. With an overlap policy
+(``--overlap``), every job queues the slots that come while its previous run
+holds the lease, and (e) a slot is won by a claim once, (f) the slots of a
+job start in order, (g) every slot that waited starts once the run before
+it ended (none lost to the crash of an instance it waited on, none stuck),
+(h) the instances decide alike which slots wait. The long soak is
 ``python -m tests.sim --seeds 0:1000`` (see docs/failure-scenarios.md).
 """
 
@@ -23,6 +28,9 @@ from anarchon_core.engine.backups import Backups
 from anarchon_core.engine.loop import Loop
 from anarchon_core.events import EventKind
 from tests.sim import FAULTS, Chaos, Cluster, Violation, main, overloaded, started_again
+
+#: The overlap policies that queue slots (``skip``, the default, is every test above).
+POLICIES = ["buffer_one", "buffer_all", "cancel_other"]
 
 #: Virtual time: the simulation asserts nothing about the machine's speed.
 pytestmark = pytest.mark.background
@@ -51,10 +59,29 @@ def test_each_fault_alone_keeps_every_invariant(fault: str, seed: int) -> None:
     Chaos(seed, seconds=300, faults=[fault, "kill"] if fault == "deploy" else [fault]).run()
 
 
-def first_violation(faults: list[str], seeds: range = range(30)) -> str:
+@pytest.mark.timeout(600)  # four ten-minute seeds: about 10 s on an idle core
+@pytest.mark.parametrize(
+    "seeds", [range(0, 4), range(4, 8)], ids=lambda r: f"seeds{r.start}-{r.stop - 1}"
+)
+@pytest.mark.parametrize("overlap", POLICIES)
+def test_overlap_policies_keep_every_invariant(overlap: str, seeds: range) -> None:
+    waited = started = cancelled = 0
+    for seed in seeds:
+        chaos = Chaos(seed, seconds=600, overlap=overlap)
+        chaos.run()
+        waited += len(chaos.buffered)
+        started += len(set(chaos.buffered) & set(chaos.claimed))
+        cancelled += len(chaos.cancelled)
+    # The policy was at work: slots waited, most of them started (the others were still
+    # waiting at the end), and with cancel_other, runs were asked to stop.
+    assert waited > 20 * len(seeds) and started > waited / 2
+    assert (cancelled > 5 * len(seeds)) is (overlap == "cancel_other")
+
+
+def first_violation(faults: list[str], seeds: range = range(30), overlap: str | None = None) -> str:
     for seed in seeds:
         try:
-            Chaos(seed, seconds=600, faults=faults).run()
+            Chaos(seed, seconds=600, faults=faults, overlap=overlap).run()
         except Violation as exc:
             return str(exc)
     raise AssertionError(f"no seed of {seeds} found a violation with {faults}")
@@ -74,6 +101,16 @@ def test_a_backup_that_never_takes_over_is_caught(monkeypatch: pytest.MonkeyPatc
     """(c): slots whose runner was killed are never run again."""
     monkeypatch.setattr(Backups, "_take_over", lambda self, lapsed: None)
     assert "(c)" in first_violation(["kill"])
+
+
+@pytest.mark.parametrize("overlap", POLICIES)
+def test_slots_left_waiting_behind_a_run_that_ended_are_caught(
+    overlap: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(g): the slots waiting are never claimed once the run they wait for ended."""
+    monkeypatch.setattr(Backups, "_start_waiting", lambda self, ended: None)
+    found = first_violation(list(FAULTS), overlap=overlap)
+    assert "(g)" in found and f"--overlap {overlap}" in found
 
 
 def test_a_scheduling_step_that_raises_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
