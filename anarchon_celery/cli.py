@@ -156,7 +156,7 @@ def _schedule_options(command: Any) -> Any:
             click.option(
                 "--overlap",
                 metavar="POLICY",
-                help="skip (the default), buffer_one, buffer_all or cancel_other",
+                help="skip (the default), buffer_one, buffer_all, cancel_other or allow_all",
             ),
             click.option(
                 "--limit", metavar="N", help="the slots it sends in all ('none': no limit)"

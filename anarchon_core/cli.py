@@ -40,7 +40,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from .control import OPTIONS, Control, Definition, JobStatus
+from .control import OPTIONS, Control, Definition, JobStatus, Records
 from .declarations import DeclaredJobs
 from .durations import parse_duration
 from .errors import (
@@ -88,7 +88,8 @@ def status(store: Store, out: TextIO) -> int:
 
     Returns how many jobs it showed.
     """
-    names = store.jobs()
+    records = Records.of(store)
+    names = records.jobs
     control = Control(store)
     declared = control.declarations()
     defined = control.definitions() if isinstance(store, ControlStore) else {}
@@ -109,14 +110,14 @@ def status(store: Store, out: TextIO) -> int:
         if isinstance(store, RegistryStore):  # instances up before their first slot
             instances(store, {}, out, declared)
         return 0
-    states = store.states(every)
+    states = records.states(store, every)
     jobs = [
         JobStatus(name, states.get(name), False, defined.get(name), None, declared.jobs.get(name))
         for name in every
     ]
     limited = [job.job for job in jobs if job.limit is not None]
     if limited and isinstance(store, LeaseStore):  # the counts a limit is judged by
-        counted = store.stats(limited)
+        counted = records.stats(store, limited)
         jobs = [replace(job, stats=counted.get(job.job)) for job in jobs]
     now = datetime.now(timezone.utc)
     nexts = {
@@ -704,7 +705,7 @@ def add_control_verbs(
         parser.add_argument(
             "--overlap",
             metavar="POLICY",
-            help="skip (the default), buffer_one, buffer_all or cancel_other",
+            help="skip (the default), buffer_one, buffer_all, cancel_other or allow_all",
         )
         parser.add_argument(
             "--limit", metavar="N", help=f"the slots it runs in all ({CLEAR!r}: no limit)"

@@ -15,7 +15,7 @@ import socket
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -28,7 +28,7 @@ from .jobs import JobOptions, Rules
 from .names import check_name
 from .once import entry_value
 from .schedules import Schedule, Upcoming, make_schedule, moment, preview
-from .slots import BACKFILL, Slot
+from .slots import BACKFILL, LANE, LANES, Slot, lane_record, record_job
 from .store import (
     ControlStore,
     InstanceRecord,
@@ -242,8 +242,9 @@ class Control:
     def known(self, job: str) -> bool:
         """Whether ``job`` has a record (or its backfill has), a pause mark or a stored
         schedule, or a live instance declares it."""
-        if self.store.states([job, job + BACKFILL]) or job in self.store.paused().jobs:
-            return True  # a record of its own, or of its backfill
+        lanes = [lane_record(job, lane) for lane in range(LANES)]
+        if self.store.states([job, job + BACKFILL, *lanes]) or job in self.store.paused().jobs:
+            return True  # a record of its own, of its backfill or of a lane
         if DEFINED + job in self.store.controls(DEFINED + job):
             return True
         return job in self.declarations().jobs
@@ -361,18 +362,20 @@ class Control:
         limit: int | None = None,
         paused: Paused | None = None,
         declared: DeclaredJobs | None = None,
+        records: Records | None = None,
     ) -> tuple[list[JobStatus], int]:
         """The first ``limit`` jobs of :meth:`jobs` (only theirs are read), and how many
-        jobs there are in all. ``paused``, ``declared``: what :meth:`paused` and
-        :meth:`declarations` said, if read already."""
+        jobs there are in all. ``paused``, ``declared``, ``records``: what :meth:`paused`,
+        :meth:`declarations` and :meth:`Records.of` said, if read already."""
         paused = self.store.paused() if paused is None else paused
         declared = self.declarations() if declared is None else declared
         defined = self.definitions()
-        recorded = {name for name in self.store.jobs() if not name.endswith(BACKFILL)}
+        records = Records.of(self.store) if records is None else records
+        recorded = set(records.jobs)
         every = sorted(recorded | set(paused.jobs) | set(defined) | set(declared.jobs))
         names = every[:limit]
-        states = self.store.states(names)
-        stats = self.store.stats(names)
+        states = records.states(self.store, names)
+        stats = records.stats(self.store, names)
         shown = [
             JobStatus(
                 name,
@@ -471,7 +474,7 @@ class Control:
     def history(self, job: str, limit: int = 20) -> list[RunRecord]:
         """The most recent attempts of ``job``, newest first."""
         self._check_known(job)
-        return self.store.history(job, limit)
+        return Records.of(self.store).history(self.store, job, limit)
 
     def trigger(self, job: str, *, unrecorded: bool = False) -> str:
         """Ask for one run of ``job`` now; the id of the slot it runs as.
@@ -630,6 +633,82 @@ class Control:
                 f"no job named {job!r} is recorded, stored or declared by a live instance"
                 f" in namespace {self.store.namespace!r}"
             )
+
+
+@dataclass(frozen=True)
+class Records:
+    """A namespace's records, as its jobs show them: a job with ``overlap="allow_all"``
+    keeps one record per lane (:data:`~anarchon_core.slots.LANES`), and shows as one job
+    whose current record is its newest slot's, with its lanes' counts and history
+    together. Backfills' records are left out."""
+
+    #: The jobs with a record of their own or of a lane, sorted.
+    jobs: tuple[str, ...]
+    #: Per job with lanes recorded, their record names.
+    lanes: Mapping[str, tuple[str, ...]]
+
+    @classmethod
+    def of(cls, store: Store) -> Records:
+        """The records the store lists (:meth:`Store.jobs`), grouped by job."""
+        jobs: set[str] = set()
+        lanes: dict[str, list[str]] = {}
+        for name in store.jobs():
+            if name.endswith(BACKFILL):
+                continue
+            job = record_job(name)
+            jobs.add(job)
+            if LANE in name:
+                lanes.setdefault(job, []).append(name)
+        return cls(tuple(sorted(jobs)), {job: tuple(names) for job, names in lanes.items()})
+
+    def _read(self, names: Sequence[str]) -> list[str]:
+        return [*names, *(lane for name in names for lane in self.lanes.get(name, ()))]
+
+    def states(self, store: Store, names: Sequence[str]) -> dict[str, JobState]:
+        """The current record of each of ``names`` (one read): a job's own, or its
+        lanes' newest slot's."""
+        read = store.states(self._read(names))
+        found = {}
+        for name in names:
+            records = [read[r] for r in (name, *self.lanes.get(name, ())) if r in read]
+            if records:
+                found[name] = max(records, key=lambda record: record.slot_ms)
+        return found
+
+    def stats(self, store: Store, names: Sequence[str]) -> dict[str, JobStats]:
+        """The counts of each of ``names`` (one read), its lanes' added up."""
+        read = store.stats(self._read(names))
+        found = {}
+        for name in names:
+            counts = [read[r] for r in (name, *self.lanes.get(name, ())) if r in read]
+            if counts:
+                found[name] = _added(name, counts)
+        return found
+
+    def history(self, store: Store, job: str, limit: int) -> list[RunRecord]:
+        """The most recent attempts of ``job``, its lanes' among them, newest first."""
+        lanes = self.lanes.get(job, ())
+        if not lanes:
+            return store.history(job, limit)
+        runs = [run for name in (job, *lanes) for run in store.history(name, limit)]
+        runs.sort(key=lambda run: (run.started_at, run.slot_ms, run.attempt), reverse=True)
+        return [replace(run, job=job) for run in runs[:limit]]
+
+
+def _added(job: str, counts: Sequence[JobStats]) -> JobStats:
+    if len(counts) == 1:
+        return counts[0]
+    successes = [c.last_success for c in counts if c.last_success is not None]
+    failures = [c.last_failure for c in counts if c.last_failure is not None]
+    return JobStats(
+        job,
+        runs=sum(c.runs for c in counts),
+        takeovers=sum(c.takeovers for c in counts),
+        done=sum(c.done for c in counts),
+        failed=sum(c.failed for c in counts),
+        last_success=max(successes, default=None),
+        last_failure=max(failures, default=None),
+    )
 
 
 def _with_version(definition: Definition, version: int) -> Definition:

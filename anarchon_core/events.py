@@ -9,7 +9,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .slots import BACKFILL, Slot, shown
+from .slots import BACKFILL, Slot, record_job, shown
 
 #: The ``extra`` attributes of every event's log record (``None`` where they do not apply).
 LOG_FIELDS = ("event", "job", "slot_id", "attempt", "token", "instance", "namespace", "detail")
@@ -163,6 +163,10 @@ class Emitter:
         if slot is not None and slot.job.endswith(BACKFILL):
             slot = shown(slot)
             detail = f"backfill; {detail}" if detail else "backfill"
+        elif slot is not None:
+            slot = shown(slot)  # a lane's slot (overlap="allow_all") is its job's
+        if job is not None:
+            job = record_job(job)
         sid = slot.id if slot is not None else None
         event = Event(
             kind, slot.job if slot is not None else job, sid, attempt, self.instance, detail

@@ -40,7 +40,7 @@ from .control import DEFINED
 from .errors import ConfigurationError, Conflict, DispatchFailed, is_bug
 from .errors import SkipWork as SkipWork  # defined with every error; importable here as before
 from .pauses import PauseReason, failed_reason, pause_for
-from .slots import BACKFILL
+from .slots import record_job
 from .store import ControlStore, LeaseStore, RunState, Store
 from .urls import open_store
 
@@ -336,7 +336,7 @@ class ExecutionLease:
 
     def _pause(self, t: HandOff) -> None:
         """Pause the job on every instance: its work ended failed (``pause_on_failure``)."""
-        job = t.job.removesuffix(BACKFILL)
+        job = record_job(t.job)  # a backfill's or a lane's failure pauses its job
         worker = f"{socket.gethostname()}:{os.getpid()}"
         reason = PauseReason(
             job, failed_reason(t.slot_id, t.attempt), worker, time.time(), t.slot_id

@@ -21,7 +21,7 @@ from .errors import Cancelled, ConfigurationError, DispatchFailed, LeaseLost
 from .names import MAX_NAME as MAX_NAME  # importable from here as before
 from .names import check_name as check_name
 from .schedules import NEVER, Schedule, grid_of
-from .slots import BACKFILL, Slot
+from .slots import BACKFILL, Slot, lane_record
 
 #: Defaults of every job option, in seconds (``renew`` defaults to lease / 3,
 #: ``catch_up`` to one interval capped at one hour).
@@ -122,6 +122,9 @@ class Overlap(str, enum.Enum):
     BUFFER_ALL = "buffer_all"
     #: The running handler is told (``run.cancelled``); the new slot starts once it ended.
     CANCEL_OTHER = "cancel_other"
+    #: Slots run side by side, each with a lease of its own, up to
+    #: :data:`~anarchon_core.slots.LANES` at once.
+    ALLOW_ALL = "allow_all"
 
 
 #: The most slots of one job that ``overlap="buffer_all"`` keeps waiting; later ones are skipped.
@@ -164,6 +167,12 @@ class Rules:
             raise ConfigurationError(
                 f"pause_on_failure={self.pause_on_failure!r}: expected True or False"
             )
+        if self.limit is not None and overlap is Overlap.ALLOW_ALL:
+            raise ConfigurationError(
+                f"limit={self.limit!r} with overlap='allow_all': a run limit is counted in"
+                " one record, and allow_all keeps a record per lane; use another overlap"
+                " policy with a limit"
+            )
 
     @classmethod
     def build(
@@ -202,6 +211,21 @@ class Job:
         job = Job(self.name, self.handler, self.schedule, self.options, self.rules)
         object.__setattr__(job, "name", self.name + BACKFILL)
         return job
+
+    def lane(self, lane: int) -> Job:
+        """This job as the record of its lane ``lane`` knows it (``overlap="allow_all"``):
+        the same handler, schedule and options, under the record's name (``name`` +
+        :data:`~anarchon_core.slots.LANE` + the lane), its slots run one at a time."""
+        rules = Rules(Overlap.SKIP, None, self.rules.pause_on_failure)
+        job = Job(self.name, self.handler, self.schedule, self.options, rules)
+        object.__setattr__(job, "name", lane_record(self.name, lane))
+        return job
+
+    @property
+    def lane_ms(self) -> int:
+        """The width, in ms, of the time buckets that give a slot its lane: the shortest
+        interval of the job's grid."""
+        return max(1, int(grid_of(self.schedule).min_interval.total_seconds() * 1000))
 
     @staticmethod
     def check(name: str, schedule: Schedule, options: JobOptions) -> None:

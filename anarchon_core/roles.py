@@ -368,10 +368,14 @@ class JobRuntime:
 
     @property
     def overlap(self) -> Overlap:
-        """The job's overlap policy; a backfill's slots run one after another (``skip``)."""
-        if self.job.name.endswith(BACKFILL):
+        """The job's overlap policy as its slots' claims see it: a backfill's slots run one
+        after another (``skip``); so do each lane's of a job with ``allow_all``, whose
+        slots never wait for one another (each is claimed in its lane, see
+        :meth:`~anarchon_core.engine.table.JobTable.runs_in`)."""
+        policy = self.job.rules.overlap
+        if policy is Overlap.ALLOW_ALL or self.job.name.endswith(BACKFILL):
             return Overlap.SKIP
-        return self.job.rules.overlap
+        return policy
 
     def prune(self, recorded_ms: int) -> None:
         """Forget the waiting slots that the store's record reached (``recorded_ms``, the

@@ -62,7 +62,7 @@ from .names import check_name
 from .once import ONCE_EVERY
 from .peers import Peers
 from .schedules import NEVER, make_schedule, moment, preview, slot_id, to_ms
-from .slots import BACKFILL
+from .slots import LANE, is_own_record, record_job
 from .store import Paused, Store, onces
 
 __all__ = [
@@ -391,16 +391,23 @@ class Scheduler:
         this instance holds, the seconds of lease it surely has left."""
         runtimes = [rt for rt in self._table.runtimes() if not rt.removed]
         shown_jobs: dict[str, tuple[float | None, float | None]] = {}
+        # The runs of a job with overlap="allow_all" are its lanes': the least lease left.
+        lanes: dict[str, float] = {}
         for rt in runtimes:
-            name = rt.job.name
-            if name.endswith(BACKFILL):
-                continue
-            runner = rt.runner
+            name, runner = rt.job.name, rt.runner
             left = runner.run.lease_left() if runner is not None else None
+            if not is_own_record(name):  # a backfill's or a lane's record
+                if left is not None and LANE in name:
+                    job = record_job(name)
+                    lanes[job] = min(left, lanes.get(job, left))
+                continue
             nxt = None
             if rt.next_slot is not None and rt.next_slot.time != NEVER:
                 nxt = rt.next_slot.ms / 1000
             shown_jobs[name] = (nxt, left)
+        for job, left in lanes.items():
+            if job in shown_jobs:
+                shown_jobs[job] = (shown_jobs[job][0], left)
         return shown_jobs
 
     # -- runtime control (shared by every instance, through the store) ---

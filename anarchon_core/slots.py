@@ -53,9 +53,50 @@ class Slot:
 #: job name has it (job names hold no control characters).
 BACKFILL = "\x1fbackfill"
 
+#: Appended to a job's name and a lane number, the store's record of one of
+#: the job's lanes (``overlap="allow_all"``): each slot of such a job is
+#: claimed in the record of its lane (:func:`lane_of`), so that runs of
+#: different slots hold leases of their own and run side by side.
+LANE = "\x1flane"
+
+#: The lanes of a job with ``overlap="allow_all"``: the store keeps one record per
+#: lane, and each slot is claimed in its lane's (:func:`lane_of`: any ``LANES``
+#: consecutive slots of a regular grid have lanes of their own). A slot whose lane
+#: still holds the run of an older slot (``LANES`` slots before it, on a regular
+#: grid) is skipped as an overlap.
+LANES = 16
+
+#: Every record that is not a job's own starts its suffix with this character,
+#: which no job name holds.
+_RECORD_MARK = "\x1f"
+
+
+def lane_record(job: str, lane: int) -> str:
+    """The name of the store's record of ``job``'s lane ``lane``."""
+    return f"{job}{LANE}{lane}"
+
+
+def lane_of(slot_ms: int, interval_ms: int, lanes: int) -> int:
+    """The lane of the slot ``slot_ms`` of a job whose slots are at least
+    ``interval_ms`` apart: the number of whole intervals since the epoch, modulo
+    ``lanes``. The same on every instance; two slots less than ``lanes``
+    intervals apart never share a lane (on a regular grid: any ``lanes``
+    consecutive slots have lanes of their own)."""
+    return (slot_ms // max(1, interval_ms)) % lanes
+
+
+def record_job(record: str) -> str:
+    """The job a store record belongs to: the job's own, its backfill's, or a lane's."""
+    return record.split(_RECORD_MARK, 1)[0]
+
+
+def is_own_record(record: str) -> bool:
+    """Whether ``record`` is a job's own record (not a backfill's or a lane's)."""
+    return _RECORD_MARK not in record
+
 
 def shown(slot: Slot) -> Slot:
-    """The slot as handlers and events name it: a backfill's slot is its job's."""
-    if slot.job.endswith(BACKFILL):
-        return Slot(slot.job[: -len(BACKFILL)], slot.time)
+    """The slot as handlers and events name it: a backfill's or a lane's slot is its job's."""
+    if not is_own_record(slot.job):
+        return Slot(record_job(slot.job), slot.time)
     return slot

@@ -57,6 +57,7 @@ from typing import Any, TypeVar
 
 from .errors import BatchRefused, ConfigurationError
 from .names import check_name, check_namespace
+from .slots import LANES, lane_record, record_job
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -546,16 +547,34 @@ class Store(abc.ABC):
         :class:`~anarchon_core.errors.ConfigurationError`, as for every
         method of this part.
         """
-        return self._controlled()._set_pause(self._mark_of(job), True)
+        store, mark = self._controlled(), self._mark_of(job)
+        changed = store._set_pause(mark, True)
+        if job is not None:
+            # The records of the job's lanes (overlap="allow_all") are claimed by
+            # their own names: each carries the pause too, read in its claim's step.
+            for lane in range(LANES):
+                changed = store._set_pause(lane_record(mark, lane), True) or changed
+        return changed
 
     def resume(self, job: str | None = None) -> bool:
-        """Undo :meth:`pause`; ``True`` if ``job`` (or the namespace) was paused."""
-        return self._controlled()._set_pause(self._mark_of(job), False)
+        """Undo :meth:`pause`; ``True`` if ``job`` (or the namespace) was paused.
+
+        The job's own mark goes first, its lanes' after it: until the last is
+        gone, :meth:`paused` still names the job (a resume cut short is seen).
+        """
+        store, mark = self._controlled(), self._mark_of(job)
+        changed = store._set_pause(mark, False)
+        if job is not None:
+            for lane in range(LANES):
+                changed = store._set_pause(lane_record(mark, lane), False) or changed
+        return changed
 
     def paused(self) -> Paused:
-        """The namespace's pause and the jobs paused by name."""
+        """The namespace's pause and the jobs paused by name (a job whose own mark or
+        any lane's is set)."""
         marks = self._controlled()._pause_marks()
-        return Paused(NAMESPACE_PAUSE in marks, tuple(sorted(marks - {NAMESPACE_PAUSE})))
+        jobs = {record_job(mark) for mark in marks - {NAMESPACE_PAUSE}}
+        return Paused(NAMESPACE_PAUSE in marks, tuple(sorted(jobs)))
 
     def _mark_of(self, job: str | None) -> str:
         return NAMESPACE_PAUSE if job is None else check_name(job)

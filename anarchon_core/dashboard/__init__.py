@@ -33,7 +33,7 @@ from datetime import datetime, timezone
 from importlib import resources
 from typing import Any
 
-from ..control import MANUAL, Control, JobStatus
+from ..control import MANUAL, Control, JobStatus, Records
 from ..errors import ConfigurationError, JobPaused, UnknownJob
 from ..handoff import stray_sends
 from ..pauses import reasons as pause_reasons
@@ -185,14 +185,15 @@ class Dashboard:
         paused = self.control.paused()
         instances = self.store.instances() if isinstance(self.store, RegistryStore) else []
         declared = self.control.declarations(instances)
-        jobs, total = self.control.listing(MAX_JOBS, paused, declared)
+        records = Records.of(self.store)
+        jobs, total = self.control.listing(MAX_JOBS, paused, declared, records)
         holds = holders({status.job: status.state for status in jobs})
         manual = self._manual_slots()
         why = pause_reasons(self.store)
         shown_jobs = []
         for status in jobs:
             st, counts = status.state, status.stats
-            history = self.store.history(status.job, TIMELINE) if st is not None else []
+            history = records.history(self.store, status.job, TIMELINE) if st is not None else []
             ran_now = manual.get(status.job, set())
             row: dict[str, Any] = {
                 "name": status.job,

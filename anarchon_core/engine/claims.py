@@ -399,6 +399,10 @@ class Claims:
         new = ctx.table.unplaced()
         if not new:
             return
+        lanes = [rt for rt in new if rt.job.rules.overlap is Overlap.ALLOW_ALL]
+        if lanes:
+            self._place_lanes(lanes)
+            new = [rt for rt in new if rt not in lanes]
         states = ctx.gateway.per_job(new, new, ctx.gateway.states)
         now = ctx.now()
         for rt, record in zip(new, states, strict=True):
@@ -427,6 +431,48 @@ class Claims:
                 # An older run whose lease ended after the latest slot came: that slot
                 # (and those before it) came while it held the lease.
                 self._answers.derive(rt, previous, record)
+            self.place(rt)
+
+    def _place_lanes(self, jobs: list[JobRuntime]) -> None:
+        """Place jobs with ``overlap="allow_all"``: their lanes' records read in one batch;
+        each run holding a lane's lease is backed up, and the latest slot due is caught up
+        when its lane's record shows it missed (as :meth:`place_new` does for a job's own
+        record). Where leases are judged by observation, only the latest slot's run is
+        backed up (an old record left running would look live)."""
+        ctx = self._ctx
+        per_job = [ctx.table.lanes(rt) for rt in jobs]
+        lanes = [lane for each in per_job for lane in each]
+        answers = ctx.gateway.per_job(lanes, lanes, ctx.gateway.states)
+        records = iter(answers)
+        now = ctx.now()
+        for rt, lane_rts in zip(jobs, per_job, strict=True):
+            read = {lane.job.name: (lane, next(records)) for lane in lane_rts}
+            if any(isinstance(record, Exception) for _, record in read.values()):
+                continue  # placed at a later step, once the store takes this job's read
+            ctx.table.placed(rt)
+            previous = rt.slot_at_or_before(now)
+            rt.next_slot = rt.slot_after(now)
+            latest_ms = previous.ms if previous is not None else None
+            for lane_rt, record in read.values():
+                assert not isinstance(record, Exception)
+                if record is None or not (record.held or record.slot_ms == latest_ms):
+                    continue
+                if ctx.gateway.by_observation and record.slot_ms != latest_ms:
+                    continue
+                self._answers.back_up(lane_rt, record)
+            seen = any(record is not None for _, record in read.values())
+            if previous is not None and seen:
+                # The latest slot due, missed (its lane's record is older, or none:
+                # a lane not used yet) while no run held that lane: caught up.
+                _, record = read[ctx.table.runs_in(rt, previous)[1].job]
+                assert not isinstance(record, Exception)
+                late = ctx.lateness(previous)
+                if (
+                    rt.catches_up(previous, record, late)
+                    if record is not None
+                    else late <= rt.job.catch_up_for(previous.time)
+                ):
+                    rt.next_slot = previous
             self.place(rt)
 
     def place(self, rt: JobRuntime) -> None:
@@ -505,7 +551,9 @@ class Claims:
         now = self._ctx.clock.time()
         peers = self._ctx.peers
         sent = self._ctx.clock.monotonic()
-        claims = self._send(batch)
+        # Each slot claimed in its record: the job's own, or its lane's (allow_all).
+        runs_in = [self._runs_in(rt, slot) for rt, slot in batch]
+        claims = self._send(runs_in)
         version = peers.version
         for (rt, _), claim in zip(batch, claims, strict=True):
             if isinstance(claim, Exception):
@@ -515,9 +563,9 @@ class Claims:
         # The handlers of the slots won start first; then each job's next slot is
         # placed, once the batch taught what it could of the peers.
         try:
-            for (rt, slot), claim in zip(batch, claims, strict=True):
+            for (run_rt, run_slot), claim in zip(runs_in, claims, strict=True):
                 if not isinstance(claim, Exception):
-                    self._answers.act(rt, slot, claim, sent, Ask.SCHEDULED)
+                    self._answers.act(run_rt, run_slot, claim, sent, Ask.SCHEDULED)
         finally:
             for (rt, slot), claim in zip(batch, claims, strict=True):
                 if isinstance(claim, Exception) or rt.removed:
@@ -526,6 +574,14 @@ class Claims:
                     self.advance(rt, slot)
         if peers.version != version:
             self.replace_deferred()
+
+    def _runs_in(self, rt: JobRuntime, slot: Slot) -> tuple[JobRuntime, Slot]:
+        """The runtime and slot that ``rt``'s ``slot`` is claimed and run as: a lane's, for
+        a job with ``overlap="allow_all"`` (placed as its job's: deferred alike)."""
+        run_rt, run_slot = self._ctx.table.runs_in(rt, slot)
+        if run_rt is not rt:
+            run_rt.deferred, run_rt.preferred = rt.deferred, rt.preferred
+        return run_rt, run_slot
 
     def _batch(self, due: list[JobRuntime], now: float) -> list[tuple[JobRuntime, Slot]]:
         """The slots of ``due`` to claim at ``now``: the latest of a backlog, none too late."""

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from ..errors import BatchRefused, ConfigurationError, StoreUnavailable, is_bug
 from ..events import Emitter, EventKind
-from ..slots import BACKFILL
+from ..slots import is_own_record
 from ..store import (
     Change,
     Claim,
@@ -85,14 +85,14 @@ class Gateway:
         """One batch of claims, each of a job's slot, for its lease, with the job's limit.
 
         A backfill's claims carry none: its record is its own, and its slots
-        are not counted against the job's limit.
+        are not counted against the job's limit (nor do a lane's, whose job has none).
         """
         requests = [
             ClaimRequest(
                 rt.job.name,
                 slot.ms,
                 rt.options.lease,
-                None if rt.job.name.endswith(BACKFILL) else rt.job.rules.limit,
+                rt.job.rules.limit if is_own_record(rt.job.name) else None,
             )
             for rt, slot in due
         ]

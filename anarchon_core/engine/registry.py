@@ -19,7 +19,7 @@ from ..declarations import VERIFY_EVERY, WHOLE_EVERY, Copy, SpecText, written
 from ..errors import StoreUnavailable, is_bug
 from ..jobs import Job
 from ..peers import ANNOUNCE_EVERY, ANNOUNCE_TTL
-from ..slots import BACKFILL
+from ..slots import is_own_record
 from .context import Context
 from .gateway import describe
 
@@ -197,7 +197,7 @@ class Declaring:
         names: set[str] = set()
         for rt in self._ctx.table.runtimes():
             job = rt.job
-            if rt.removed or job.name.endswith(BACKFILL):
+            if rt.removed or not is_own_record(job.name):  # a backfill's or a lane's
                 continue
             names.add(job.name)
             seen = known.get(job.name)

@@ -247,11 +247,13 @@ class Requests:
         """
         gateway = self._ctx.gateway
         sent = self._ctx.clock.monotonic()
-        claims = gateway.per_job(
-            [asked.rt for asked in batch], [(a.rt, a.slot) for a in batch], gateway.claim_slots
-        )
+        # A job with overlap="allow_all" claims each slot in its lane's record.
+        runs_in = [self._ctx.table.runs_in(a.rt, a.slot) for a in batch]
+        claims = gateway.per_job([rt for rt, _ in runs_in], runs_in, gateway.claim_slots)
         answered = []
-        for (rt, slot, key, version), claim in zip(batch, claims, strict=True):
+        for (_, slot, key, version), (rt, run_slot), claim in zip(
+            batch, runs_in, claims, strict=True
+        ):
             if isinstance(claim, Exception) or claim.status in (
                 ClaimStatus.BUSY,
                 ClaimStatus.PAUSED,
@@ -260,10 +262,10 @@ class Requests:
             answered.append((slot, claim))
             if key:
                 self._remove(key, version)
-                self._answers.act(rt, slot, claim, sent, Ask.REQUESTED, kind)
+                self._answers.act(rt, run_slot, claim, sent, Ask.REQUESTED, kind)
             else:  # a one-off: its entry goes, its win is reported as a slot's
                 self._remove_once(slot)
-                self._answers.act(rt, slot, claim, sent, Ask.REQUESTED, None, "one-off")
+                self._answers.act(rt, run_slot, claim, sent, Ask.REQUESTED, None, "one-off")
         return answered
 
     def _mark_manual(self, slot: Slot) -> None:

@@ -14,9 +14,9 @@ import threading
 
 from ..due import Agenda
 from ..errors import ConfigurationError
-from ..jobs import Job
+from ..jobs import Job, Overlap
 from ..roles import JobRuntime
-from ..slots import BACKFILL
+from ..slots import BACKFILL, LANES, Slot, is_own_record, lane_of, lane_record
 
 
 class JobTable:
@@ -49,14 +49,20 @@ class JobTable:
             return rt
 
     def remove(self, name: str) -> None:
-        """Stop scheduling ``name`` (KeyError if unknown); a run going on keeps it until it ends."""
+        """Stop scheduling ``name`` (KeyError if unknown); a run going on keeps it until it ends.
+
+        Its lanes (``overlap="allow_all"``) go with it, each once its run ended."""
         with self.lock:
             rt = self._runtimes[name]
-            rt.removed = True
-            rt.next_slot = rt.backup = None
-            self._unplaced.pop(name, None)
-            if rt.runner is None:
-                del self._runtimes[name]
+            lanes = [self._runtimes.get(lane_record(name, i)) for i in range(LANES)]
+            for each in [rt, *lanes]:
+                if each is None:
+                    continue
+                each.removed = True
+                each.next_slot = each.backup = None
+                self._unplaced.pop(each.job.name, None)
+                if each.runner is None:
+                    del self._runtimes[each.job.name]
 
     def forget(self, rt: JobRuntime) -> None:
         """Drop a removed job whose last run ended."""
@@ -84,9 +90,7 @@ class JobTable:
     def jobs(self) -> dict[str, Job]:
         """The jobs declared, by name (backfills left out)."""
         with self.lock:
-            return {
-                name: rt.job for name, rt in self._runtimes.items() if not name.endswith(BACKFILL)
-            }
+            return {name: rt.job for name, rt in self._runtimes.items() if is_own_record(name)}
 
     def held(self) -> list[JobRuntime]:
         """The jobs whose run this instance holds, in the order they were won."""
@@ -104,6 +108,39 @@ class JobTable:
             rt.ready = True
             if self._unplaced.get(rt.job.name) is rt:
                 del self._unplaced[rt.job.name]
+
+    def runs_in(self, rt: JobRuntime, slot: Slot) -> tuple[JobRuntime, Slot]:
+        """The runtime whose record ``slot`` of ``rt`` is claimed in, and the slot as that
+        record names it: ``rt`` itself, or, for a job with ``overlap="allow_all"``, the
+        runtime of the slot's lane (:func:`~anarchon_core.slots.lane_of`)."""
+        job = rt.job
+        if job.rules.overlap is not Overlap.ALLOW_ALL or not is_own_record(job.name):
+            return rt, slot
+        lane = self.lane(rt, lane_of(slot.ms, job.lane_ms, LANES))
+        return lane, Slot(lane.job.name, slot.time)
+
+    def lanes(self, rt: JobRuntime) -> list[JobRuntime]:
+        """The runtimes of the lanes of ``rt``'s job, in lane order (``overlap="allow_all"``;
+        none for another job)."""
+        if rt.job.rules.overlap is not Overlap.ALLOW_ALL or not is_own_record(rt.job.name):
+            return []
+        return [self.lane(rt, i) for i in range(LANES)]
+
+    def lane(self, rt: JobRuntime, lane: int) -> JobRuntime:
+        """The runtime of lane ``lane`` of ``rt``'s job: a record of its own, made on first
+        use, with the job as it is now."""
+        with self.lock:
+            name = lane_record(rt.job.name, lane)
+            runtime = self._runtimes.get(name)
+            if runtime is None:
+                runtime = self._runtimes[name] = JobRuntime(
+                    rt.job.lane(lane), self.agenda, next(self._seq)
+                )
+                runtime.ready = True
+            else:
+                runtime.job = rt.job.lane(lane)  # the job's handler and options as they are now
+                runtime.removed = False
+            return runtime
 
     def backfill_of(self, rt: JobRuntime) -> JobRuntime:
         """The runtime of ``rt``'s backfill: a record of its own, with the job as it is now."""

@@ -1,8 +1,10 @@
-"""``overlap="buffer_one"`` on a real store: two schedulers in one process share Redis.
+"""Overlap policies on real stores: two schedulers in one process share the store.
 
-The handler takes longer than the interval: the slot that comes while a run
-goes on waits for it and starts when it ends, on either instance; the later
-ones are skipped, by both instances alike.
+``buffer_one`` (Redis): the handler takes longer than the interval, so the
+slot that comes while a run goes on waits for it and starts when it ends, on
+either instance; the later ones are skipped, by both instances alike.
+``allow_all`` (Redis and PostgreSQL): every slot starts at its time beside the
+runs still going, each renewing a lease of its own in its lane's record.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ import time
 import uuid
 from collections import Counter
 
-from anarchon_core import Event, EventKind, Run, Scheduler
+import pytest
+
+from anarchon_core import Control, Event, EventKind, Run, Scheduler
 from tests.cleanup import drop_namespace
 from tests.waiting import wait_until
 
@@ -89,3 +93,69 @@ def test_buffer_one_on_redis_runs_each_waiting_slot_once_right_after_the_run(
 
 def _ms(slot: str) -> int:
     return int(slot.rpartition("@")[2])
+
+
+@pytest.mark.parametrize("url_fixture", ["redis_url", "postgres_url"])
+def test_allow_all_on_a_real_store_runs_every_slot_once_several_at_a_time(
+    url_fixture: str, request: pytest.FixtureRequest
+) -> None:
+    """``overlap="allow_all"``: every slot starts at its time beside the runs still going,
+    each run renewing a lease of its own (a run of 2.6 s, a slot every second, a lease
+    of 1 s: three at once, none lost, none skipped)."""
+    url = request.getfixturevalue(url_fixture)
+    namespace = f"t{uuid.uuid4().hex[:10]}-allow-all"
+    events: list[Event] = []  # until the stop (which hands the runs going on over)
+    stopped = threading.Event()
+    runs: dict[str, list[float]] = {}  # slot id -> [start, end] of its first attempt
+    starts: list[str] = []
+    lock = threading.Lock()
+
+    def work(run: Run) -> None:
+        with lock:
+            if run.attempt == 1:  # a stop hands the runs going on over: attempt 2
+                starts.append(run.slot_id)
+            runs.setdefault(run.slot_id, [time.time(), 0.0])
+        end = time.monotonic() + 2.6
+        while time.monotonic() < end and not run.lost:
+            time.sleep(0.05)
+        with lock:
+            if not run.lost:
+                runs[run.slot_id][1] = time.time()
+
+    def ended() -> int:
+        with lock:
+            return sum(1 for _, end in runs.values() if end)
+
+    schedulers = [
+        Scheduler(
+            url,
+            namespace=namespace,
+            instance=name,
+            listener=lambda e: None if stopped.is_set() else events.append(e),
+        )
+        for name in ("a", "b")
+    ]
+    try:
+        for s in schedulers:
+            s.add_job(work, name="job", every=1, overlap="allow_all", lease=1, jitter=0.1)
+            s.start()
+        wait_until(lambda: ended() >= 6, 60, "six runs of the job to end", seen=lambda: runs)
+        status = Control(schedulers[0].store).listing()[0]
+    finally:
+        stopped.set()
+        for s in schedulers:
+            s.stop()
+        drop_namespace(url, namespace)
+
+    with lock:
+        done = {slot: times for slot, times in runs.items() if times[1]}
+        assert [slot for slot, n in Counter(starts).items() if n > 1] == []
+    assert not [e for e in events if e.kind in (EventKind.OVERLAP, EventKind.LOST)]
+    assert not [e for e in events if e.kind is EventKind.TAKEOVER]
+    # Consecutive slots ran side by side, each started at its time.
+    ordered = sorted(done.items(), key=lambda item: _ms(item[0]))
+    for (_, (_, end)), (slot, (start, _)) in itertools.pairwise(ordered):
+        assert start < end, f"{slot} waited for the run before it"
+        assert start - _ms(slot) / 1000 < 0.9, f"{slot} began {start - _ms(slot) / 1000:.2f}s late"
+    # One job in the listing, named as declared.
+    assert [job.job for job in status] == ["job"]

@@ -657,3 +657,41 @@ def test_no_claim_begun_after_pause_returned_wins(
     states = pauser.states(wins)
     assert {job: state.token for job, state in states.items()} == wins
     assert all(state.state is RunState.DONE for state in states.values())
+
+
+def test_a_jobs_pause_covers_its_lanes_and_resume_clears_every_one(lease_store: Store) -> None:
+    """A job with overlap="allow_all" claims each slot in its lane's record: pausing the
+    job refuses those claims too, in the claim's atomic step, and the job (not its lanes)
+    is listed as paused until every mark is gone."""
+    from anarchon_core.slots import LANES, lane_record
+
+    store = lease_store
+    lanes = [lane_record(ODD, lane) for lane in range(LANES)]
+    assert store.claim(lanes[3], SLOT, "a", 10).won  # a run going on in lane 3
+    assert store.pause(ODD) is True
+    assert store.paused() == Paused(False, (ODD,))
+    answers = store.claim_many([ClaimRequest(lane, NEXT, 10) for lane in lanes], "b")
+    assert [a.status for a in answers] == [ClaimStatus.PAUSED] * LANES
+    assert store.states([lanes[3]])[lanes[3]].slot_ms == SLOT  # nothing written
+    assert store.pause(ODD) is False  # paused already, every lane with it
+    assert sorted(store.jobs()) == [lanes[3]]  # the marks are not records
+
+    assert store.resume(ODD) is True
+    assert store.paused() == Paused(False, ())
+    answers = store.claim_many([ClaimRequest(lane, NEXT, 10) for lane in lanes], "b")
+    expected = [ClaimStatus.WON] * LANES
+    expected[3] = ClaimStatus.BUSY  # the run going on in lane 3 still holds its lease
+    assert [a.status for a in answers] == expected
+
+
+def test_a_resume_cut_short_leaves_the_job_listed_as_paused(lease_store: Store) -> None:
+    from anarchon_core.slots import lane_record
+
+    store = lease_store
+    assert store.pause("job")
+    assert isinstance(store, ControlStore)
+    store._set_pause("job", False)  # the job's own mark gone, its lanes' not yet
+    assert store.paused().jobs == ("job",)
+    assert store.claim(lane_record("job", 5), SLOT, "a", 10).status is ClaimStatus.PAUSED
+    assert store.resume("job") is True
+    assert store.paused().jobs == ()

@@ -389,3 +389,96 @@ def test_skip_queues_nothing() -> None:
     rt = runtime("skip")
     assert not rt.enqueue(slot(20), slot(10).ms, START + 10)
     assert not rt.waiting
+
+
+# -- allow_all: slots side by side, each with a lease of its own -------------------
+
+
+def concurrent_at_most(spans: Sequence[Span], n: int) -> int:
+    """The most runs of the job going on at once (each started once per slot)."""
+    firsts = Counter(s.slot_id for s in spans if s.attempt == 1)
+    assert [slot for slot, count in firsts.items() if count > 1] == []
+    edges = sorted(
+        [(s.start, 1) for s in spans] + [(s.end, -1) for s in spans if s.end is not None]
+    )
+    most = live = 0
+    for _, step in edges:
+        live += step
+        most = max(most, live)
+    assert most <= n
+    return most
+
+
+def test_allow_all_runs_every_slot_beside_the_runs_still_going_each_with_its_own_lease() -> None:
+    cluster = fleet("allow_all")
+    cluster.run(108)
+    # Every slot starts at its time; each run takes 23 s, so three go on at once.
+    assert started(cluster) == [at(k) for k in range(10, 101, 10)]
+    assert skipped(cluster) == {}
+    assert concurrent_at_most(cluster.spans, 3) == 3
+    for span in cluster.spans:
+        assert span.start - int(span.slot_id.rpartition("@")[2]) / 1000 < 2.5  # on time
+    # Each run renewed a lease of its own: none was lost, none taken over.
+    assert all(s.attempt == 1 and not s.lost for s in cluster.spans)
+    assert cluster.kinds(EventKind.TAKEOVER) == []
+    # Runs and events name the job, never a lane's record.
+    assert {s.job for s in cluster.spans} == {"job"}
+    assert {e.job for e in cluster.events} == {"job"}
+
+
+def test_allow_all_takes_over_the_run_of_a_killed_instance_while_the_others_go_on() -> None:
+    cluster = fleet("allow_all", jitter=0)
+    cluster.run(31.5)  # runs of 10, 20 and 30 go on
+    victim = cluster.runner_of(at(20)).instance
+    cluster.kill(victim)
+    cluster.run(40)
+    ran = cluster.slots("job")
+    # The victim's runs are taken over (attempt 2, elsewhere), the others go on untouched.
+    for slot, spans in ran.items():
+        firsts = [s for s in spans if s.attempt == 1]
+        assert len(firsts) == 1, slot
+        if firsts[0].instance == victim:
+            assert [(s.attempt, s.instance != victim) for s in spans[1:]] == [(2, True)], slot
+        else:
+            assert len(spans) == 1, slot
+    assert started(cluster) == [at(k) for k in range(10, 71, 10)]
+    concurrent_at_most([s for s in cluster.spans if not s.killed], 4)
+
+
+def test_allow_all_skips_a_slot_only_when_its_lane_still_holds_a_run_sixteen_slots_older() -> None:
+    from anarchon_core.slots import LANES
+
+    cluster = Cluster()
+
+    def work(run: Run) -> None:  # the first slot runs 20.5 s, the others 0.2 s
+        first = run.slot == datetime.fromtimestamp(START + 1, timezone.utc)
+        cluster.handler(LANES + 4.5 if first else 0.2)(run)
+
+    def setup(s: Scheduler) -> None:
+        s.add_job(work, name="job", every=1, overlap="allow_all", lease=3)
+
+    for name in "ab":
+        cluster.add(name, setup)
+    cluster.run(30)
+    ran = started(cluster)
+    # Slot 1's lane comes back with slot 17 (and 1 still runs): 17 alone is skipped.
+    assert skipped(cluster) == {at(1 + LANES): 2}
+    assert ran == [at(k) for k in range(1, 30) if k != 1 + LANES]
+
+
+def test_allow_all_pause_covers_every_lane_and_resume_clears_them() -> None:
+    cluster = fleet("allow_all")
+    cluster.run(25)
+    assert cluster.store.pause("job") is True
+    assert cluster.store.paused().jobs == ("job",)
+    cluster.run(30)
+    assert started(cluster) == [at(10), at(20)]  # nothing after the pause
+    assert cluster.store.resume("job") is True
+    assert cluster.store.paused().jobs == ()
+    cluster.run(20)
+    assert at(60) in started(cluster) and at(70) in started(cluster)
+
+
+def test_allow_all_with_a_limit_is_refused_naming_both() -> None:
+    with pytest.raises(ConfigurationError, match="limit=3 with overlap='allow_all'"):
+        Rules("allow_all", 3)  # type: ignore[arg-type]
