@@ -318,6 +318,15 @@ except ImportError:  # pragma: no cover - only when replaying on an older engine
     HELD_STATES = (RunState.RUNNING,)  # type: ignore[assignment]
 
 try:
+    from anarchon_core.slots import LANES, record_job
+except ImportError:  # pragma: no cover - only when replaying on an older engine
+    LANES = 16
+
+    def record_job(record: str) -> str:
+        return record.split("\x1f", 1)[0]
+
+
+try:
     from anarchon_core import DispatchFailed
 except ImportError:  # pragma: no cover - only when replaying on an older engine
 
@@ -460,14 +469,14 @@ class FaultyStore(LeaseStore, RegistryStore):
                     and old.state in HELD_STATES
                 )
                 if superseded and old is not None:  # its lease lapsed this long ago
-                    self.sim.superseded[f"{old.job}@{old.slot_ms}"] = (
+                    self.sim.superseded[_slot_id(old.job, old.slot_ms)] = (
                         -old.lease_remaining,
                         self.sim.blocked_for,
                     )
                 if claim.won:  # applied on the server, whatever the reply's fate
-                    self.sim.claimed.setdefault(f"{request.job}@{request.slot_ms}", now)
+                    self.sim.claimed.setdefault(_slot_id(request.job, request.slot_ms), now)
                     if old is not None and old.state is RunState.RELEASED:
-                        self.sim.released.add(f"{old.job}@{old.slot_ms}")
+                        self.sim.released.add(_slot_id(old.job, old.slot_ms))
             return claims
 
         claims: list[Claim] = self._call(step)
@@ -562,6 +571,17 @@ class Belief:
     completed: bool = False
     #: An executor's own deadline (base seconds), by the same lease rule as a runner.
     deadline: float = math.inf
+    #: The store's record the attempt's token belongs to: the job's own, or its lane's
+    #: (``overlap="allow_all"``, whose lanes count their tokens each on its own).
+    key: str = ""
+
+    def __post_init__(self) -> None:
+        self.key = self.key or self.job
+
+    @property
+    def claim(self) -> tuple[str, int]:
+        """The claim (or takeover) the attempt holds: its record and token."""
+        return self.key, self.token
 
 
 @dataclass
@@ -579,6 +599,11 @@ class Message:
     belief: Belief | None = None
     next_renew: float = 0.0
     done_at: float = 0.0
+    #: The store's record of the slot's run (its job's, or its lane's: ``run.key``).
+    key: str = ""
+
+    def __post_init__(self) -> None:
+        self.key = self.key or self.job
 
 
 @dataclass
@@ -647,6 +672,11 @@ class Chaos:
         self.waited_on: dict[str, set[str]] = {}
         #: Slots whose run was asked to stop (``cancel_other``).
         self.cancelled: set[str] = set()
+        #: When each slot skipped as an overlap was first reported so (base seconds).
+        self.skipped_at: dict[str, float] = {}
+        #: The most slots of each job whose handlers were seen running at once, on any
+        #: instances (``allow_all`` runs them side by side, the other policies one by one).
+        self.together: dict[str, int] = {}
         #: How long the store call under way was held up (a slow call).
         self.blocked_for = 0.0
         self.calls = self.faults = self.steps = 0
@@ -655,9 +685,11 @@ class Chaos:
         leases = [2.0, 3.0, 5.0]
         self.leases = self.rnd.sample(leases, 2)
         self.max_lease = max(self.leases)
+        # Some runs outlast their interval: the next slot comes while they hold it. With
+        # allow_all, most do, some by two intervals: several runs of a job go on at once.
+        longest = 2.5 if overlap == "allow_all" else 1.3
         self.jobs = [
-            # Some runs outlast their interval: the next slot comes while they hold it.
-            Plan(f"job{i}", every, self.rnd.uniform(0.1, 1.3) * every, self.rnd.random() < 0.3)
+            Plan(f"job{i}", every, self.rnd.uniform(0.1, longest) * every, self.rnd.random() < 0.3)
             for i, every in enumerate(self.rnd.choices([10, 15, 20, 30], k=3))
         ]
         self._plan_timeline()
@@ -735,7 +767,7 @@ class Chaos:
             instance=name,  # a restarted process may reuse its name
             clock=clock,
             seed=self.rnd.getrandbits(32),
-            listener=self.events.append,
+            listener=self._heard,
             lease=lease,
         )
         for plan in self.jobs:
@@ -746,12 +778,25 @@ class Chaos:
         self.incarnations.append(inc)
         self._health(inc, now)
 
+    def _heard(self, event: Event) -> None:
+        self.events.append(event)
+        if event.kind == "overlap" and event.slot_id is not None:
+            self.skipped_at.setdefault(event.slot_id, self.clock.time())
+
     # -- handlers and executors ---------------------------------------------
 
     def _handler(self, plan: Plan, inc: Incarnation) -> Callable[[Run], None]:
         def work(run: Run) -> None:
             belief = Belief(
-                run.job, run.slot_id, run.attempt, run.token, inc.name, self.clock.time(), run, inc
+                run.job,
+                run.slot_id,
+                run.attempt,
+                run.token,
+                inc.name,
+                self.clock.time(),
+                run,
+                inc,
+                key=run.key,
             )
             self.beliefs.append(belief)
             end = belief.start + plan.duration
@@ -789,6 +834,7 @@ class Chaos:
                     fate,
                     now + delay,
                     plan.duration,
+                    key=run.key,
                 )
             )
 
@@ -797,8 +843,9 @@ class Chaos:
     def _worker_belief(self, msg: Message, now: float, *, deadline: float) -> Belief:
         """A worker starting on ``msg`` at ``now``: recorded as its belief, until ``deadline``."""
         msg.belief = Belief(
-            msg.job, msg.slot_id, msg.attempt, msg.token, "worker", now, deadline=deadline
-        )
+            msg.job, msg.slot_id, msg.attempt, msg.token, "worker", now, deadline=deadline,
+            key=msg.key,
+        )  # fmt: skip
         self.beliefs.append(msg.belief)
         return msg.belief
 
@@ -812,7 +859,7 @@ class Chaos:
                     untracked.ended = now + msg.duration
                     msg.fate = "gone"
                     continue
-                if not self.store.renew(msg.job, msg.token, msg.lease):
+                if not self.store.renew(msg.key, msg.token, msg.lease):
                     msg.fate = "gone"  # a later attempt was sent: skipped
                     continue
                 self._worker_belief(msg, now, deadline=now + held_for(msg.lease))
@@ -822,12 +869,12 @@ class Chaos:
                 if now >= msg.done_at:
                     belief.ended = now
                     if msg.fate == "runs" and now < belief.deadline:
-                        belief.completed = self.store.finish(msg.job, msg.token, RunState.DONE)
+                        belief.completed = self.store.finish(msg.key, msg.token, RunState.DONE)
                 elif now >= belief.deadline:
                     belief.ended = belief.deadline
                 elif now >= msg.next_renew:
                     sent = now
-                    if self.store.renew(msg.job, msg.token, msg.lease):
+                    if self.store.renew(msg.key, msg.token, msg.lease):
                         belief.deadline = sent + held_for(msg.lease)
                         msg.next_renew = now + msg.lease / 3
                     else:
@@ -963,14 +1010,19 @@ class Chaos:
         return now < belief.deadline
 
     def _check(self, now: float) -> None:
-        """(a) never two attempts of one slot believing they hold it at one instant."""
+        """(a) never two attempts of one slot believing they hold it at one instant, and
+        never two slots of one record run at once by one instance: of one job, or, with
+        ``allow_all`` (whose slots run side by side), of one lane of it."""
         holding: dict[str, Belief] = {}
         per_instance: dict[tuple[int, str], Belief] = {}
+        running: dict[str, set[str]] = {}
         for belief in self.beliefs:
             if not self._believes(belief, now):
                 continue
+            if belief.run is not None:
+                running.setdefault(belief.job, set()).add(belief.slot_id)
             other = holding.get(belief.slot_id)
-            if other is not None and other.token != belief.token:
+            if other is not None and other.claim != belief.claim:
                 raise Violation(
                     f"(a) at {now - START:.3f}: {belief.slot_id} attempt {other.attempt} on"
                     f" {other.holder} and attempt {belief.attempt} on {belief.holder}"
@@ -978,14 +1030,17 @@ class Chaos:
                 )
             holding[belief.slot_id] = belief
             if belief.inc is not None:
-                key = (belief.inc.gen, belief.job)
+                key = (belief.inc.gen, belief.key)
                 mine = per_instance.get(key)
                 if mine is not None:
+                    of = "one job" if belief.key == belief.job else "one lane of its job"
                     raise Violation(
                         f"(a) at {now - START:.3f}: {belief.holder} runs {mine.slot_id} and"
-                        f" {belief.slot_id} of one job, neither told it lost"
+                        f" {belief.slot_id} of {of}, neither told it lost"
                     )
                 per_instance[key] = belief
+        for job, slots in running.items():
+            self.together[job] = max(self.together.get(job, 0), len(slots))
 
     def _check_liveness(self) -> None:
         """(c) every slot due while an instance was healthy through its window ran.
@@ -1011,6 +1066,7 @@ class Chaos:
             if lapsed_for <= WATCH + blocked + 0.05
         }
         dispatched = {e.slot_id for e in self.events if e.kind == "dispatched"}
+        attempts = _by_slot_id(self.beliefs)
         for plan in self.jobs:
             handoff = plan.handoff and "handoff" in self.faults_on
             t = START + plan.every
@@ -1026,10 +1082,7 @@ class Chaos:
                     covered = covered and self._broker_up(t, t + plan.every - 1, 3.0)
                     ran = slot in dispatched
                 else:
-                    ran = any(
-                        b.slot_id == slot and (b.completed or self._running_at_end(b, window[1]))
-                        for b in self.beliefs
-                    )
+                    ran = self._ran(attempts.get(slot, []), window[1])
                 if covered and not ran and slot not in exempt:
                     raise Violation(f"(c) {slot} never ran, though an instance was healthy")
                 t += plan.every
@@ -1071,8 +1124,9 @@ class Chaos:
             if belief.attempt == 1 and belief.holder != "worker":
                 firsts.setdefault(belief.slot_id, []).append(belief)
         for slot, beliefs in firsts.items():
-            if len({b.token for b in beliefs}) > 1:
-                raise Violation(f"(e) {slot} was won by a claim {len(beliefs)} times")
+            won = {b.claim for b in beliefs}
+            if len(won) > 1:
+                raise Violation(f"(e) {slot} was won by a claim {len(won)} times")
         per_job: dict[str, list[Belief]] = {}
         for beliefs in firsts.values():
             per_job.setdefault(beliefs[0].job, []).append(beliefs[0])
@@ -1108,20 +1162,67 @@ class Chaos:
                     f"(h) {event.slot_id} waited on {', '.join(sorted(queued))},"
                     f" {event.instance} skipped it"
                 )
+        if self.overlap == "allow_all":
+            self._check_lanes()
+
+    def _check_lanes(self) -> None:
+        """(i) ``allow_all``: a slot is skipped as an overlap only while its lane still holds
+        the run of an older slot (on the grids of the simulation, the slot ``LANES``
+        intervals before it): the runs of other slots going on never hold it back.
+
+        The lane is worked out here from the documented rule (the slot's time in whole
+        intervals, modulo ``LANES``), not from the engine's. The older slot's lane is
+        held from its claim until its last attempt ended, plus the time a crashed run's
+        lease takes to lapse and a dispatched message to be given up (the simulation
+        keeps no record of either, so the longest of them is allowed for).
+        """
+        every = {plan.name: plan.every * 1000 for plan in self.jobs}
+        held_after = 6 * self.max_lease + WATCH
+        ends: dict[str, float] = {}
+        for belief in self.beliefs:
+            end = math.inf if belief.ended is None else belief.ended
+            ends[belief.slot_id] = max(ends.get(belief.slot_id, -math.inf), end)
+        for slot, at in sorted(self.skipped_at.items()):
+            job, ms = slot.rpartition("@")[0], _ms(slot)
+            interval = every[job]
+            lane = (ms // interval) % LANES
+            busy = [
+                older
+                for older, won in self.claimed.items()
+                if older.rpartition("@")[0] == job
+                and _ms(older) < ms
+                and (_ms(older) // interval) % LANES == lane
+                and won <= at
+                and max(won, ends.get(older, -math.inf)) + held_after >= at
+            ]
+            if not busy:
+                raise Violation(
+                    f"(i) {slot} was skipped as an overlap at {at - START:.3f}, though no run"
+                    f" of an older slot held its lane ({lane})"
+                )
 
     def _healthy(self, start: float, end: float) -> bool:
         """Whether an instance was live, with a link without fault, from ``start`` to ``end``."""
         return any(a <= start and end <= b for inc in self.incarnations for a, b in inc.healthy)
 
-    def _running_at_end(self, belief: Belief, latest_start: float) -> bool:
-        """Whether ``belief`` began within its slot's window and still runs, unhurt, at the end.
+    def _ran(self, attempts: list[Belief], latest_start: float) -> bool:
+        """Whether a slot ran: one of its ``attempts`` did all its work, or the slot began
+        within its window (its first attempt began by ``latest_start``) and an attempt of
+        it still runs, unhurt, at the end.
 
         Each takeover begins the handler anew: a slot whose runners were
         interrupted twice or more (each by a fault of its own) may still be
-        running when the simulation ends, which is no miss.
+        running when the simulation ends, its last takeover begun after its
+        window (handlers longer than the interval, as with ``allow_all``, are
+        interrupted more often), which is no miss.
         """
+        if any(b.completed for b in attempts):
+            return True
         end = START + self.seconds
-        return belief.start <= latest_start and belief.ended is None and self._believes(belief, end)
+        began = min((b.start for b in attempts), default=math.inf)
+        return began <= latest_start and any(
+            b.ended is None and self._believes(b, end) for b in attempts
+        )
 
     def _broker_up(self, start: float, end: float, length: float) -> bool:
         """Whether the broker was up ``length`` seconds running between ``start`` and ``end``."""
@@ -1141,6 +1242,20 @@ def _ms(slot_id: str) -> int:
     return int(slot_id.rpartition("@")[2])
 
 
+def _by_slot_id(beliefs: Iterable[Belief]) -> dict[str, list[Belief]]:
+    """The attempts of each slot, by slot id."""
+    found: dict[str, list[Belief]] = {}
+    for belief in beliefs:
+        found.setdefault(belief.slot_id, []).append(belief)
+    return found
+
+
+def _slot_id(record: str, slot_ms: int) -> str:
+    """The id of the slot ``slot_ms`` claimed in ``record`` (a job's, or one of its
+    lanes' with ``overlap="allow_all"``), as handlers and events name it."""
+    return f"{record_job(record)}@{slot_ms}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m tests.sim --seed N`` replays one seed; ``--seeds A:B`` soaks a range."""
     parser = argparse.ArgumentParser(prog="python -m tests.sim")
@@ -1149,7 +1264,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=300.0)
     parser.add_argument("--instances", type=int, default=3)
     parser.add_argument("--faults", default=",".join(FAULTS), help="the faults on, comma-separated")
-    parser.add_argument("--overlap", help="every job's overlap policy (default: skip)")
+    parser.add_argument(
+        "--overlap",
+        help="every job's overlap policy: buffer_one, buffer_all, cancel_other or allow_all"
+        " (default: skip)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
     seeds = [args.seed] if args.seed is not None else range(*map(int, args.seeds.split(":")))

@@ -79,8 +79,10 @@ class JobTable:
             return name in self._runtimes
 
     def __len__(self) -> int:
+        """How many jobs are declared (or removed with a run going on): their
+        backfills' and lanes' records left out."""
         with self.lock:
-            return len(self._runtimes)
+            return sum(1 for name in self._runtimes if is_own_record(name))
 
     def runtimes(self) -> list[JobRuntime]:
         """Every job's runtime, removed ones with a run going on included."""

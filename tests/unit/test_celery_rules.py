@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -67,3 +69,42 @@ def test_beat_declares_the_entrys_job_with_its_rules(
     assert beat.engine is not None
     rules = beat.engine.job_named("report").rules
     assert (rules.overlap, rules.limit, rules.pause_on_failure) == (Overlap.BUFFER_ALL, 7, True)
+
+
+# -- anarchon_overlap="allow_all": slots side by side, no limit with it -------------
+
+
+def test_allow_all_is_read_from_the_options_and_declared(
+    tmp_path: Path, beats: list[Scheduler]
+) -> None:
+    read = read_entry("report", entry(anarchon_overlap="allow_all", queue="q"), "UTC")
+    assert read.rules == {"overlap": "allow_all"}
+    assert read.options == {"queue": "q"}  # not sent with the task
+    app = make_app(tmp_path, {"report": entry(anarchon_overlap="allow_all")})
+    beats.append(beat := Scheduler(app))
+    assert beat.engine is not None
+    rules = beat.engine.job_named("report").rules
+    assert (rules.overlap, rules.limit) == (Overlap.ALLOW_ALL, None)
+
+
+def test_allow_all_with_a_limit_is_refused_naming_the_entry(
+    tmp_path: Path, beats: list[Scheduler], caplog: pytest.LogCaptureFixture
+) -> None:
+    said = r"beat_schedule\['report'\]: anarchon_limit=3 with overlap='allow_all'"
+    with pytest.raises(ConfigurationError, match=said):
+        read_entry("report", entry(anarchon_overlap="allow_all", anarchon_limit=3), "UTC")
+    # At beat start: beat stops (exit status 1), saying why, naming the entry; an entry
+    # beside it that is fine does not start it either.
+    app = make_app(
+        tmp_path,
+        {
+            "fine": entry(anarchon_overlap="allow_all"),
+            "report": entry(anarchon_overlap="allow_all", anarchon_limit=3),
+        },
+    )
+    with pytest.raises(SystemExit) as stopped:
+        beats.append(Scheduler(app))
+    assert stopped.value.code == 1
+    assert beats == []
+    (record,) = [r for r in caplog.records if r.levelno == logging.CRITICAL]
+    assert re.search("anarchon: beat cannot start: " + said, record.getMessage())

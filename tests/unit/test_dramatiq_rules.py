@@ -68,3 +68,55 @@ def test_the_pods_scheduler_declares_the_actors_job_with_its_rules() -> None:
     finally:
         engine.stop(timeout=0)
     assert (rules.overlap, rules.limit, rules.pause_on_failure) == (Overlap.BUFFER_ALL, 10, True)
+
+
+# -- schedule_overlap="allow_all": slots side by side, no limit with it -------------
+
+
+def test_allow_all_is_accepted_and_declared() -> None:
+    spec = read_declaration(
+        "sync", {"schedule": "*/5 * * * *", "schedule_overlap": "allow_all"}, DEFAULTS, 300
+    )
+    assert spec.rules == {"overlap": "allow_all"}
+    import dramatiq
+    from dramatiq.brokers.stub import StubBroker
+
+    from anarchon_dramatiq import Anarchon, every
+
+    broker = StubBroker()
+    middleware = Anarchon(store="memory://", scheduler=False)
+    broker.add_middleware(middleware)
+    dramatiq.actor(broker=broker, schedule=every(60), schedule_overlap="allow_all")(noop)
+    engine = middleware.build_engine(broker, "test:1")
+    try:
+        rules = engine.job_named("noop").rules
+    finally:
+        engine.stop(timeout=0)
+    assert (rules.overlap, rules.limit) == (Overlap.ALLOW_ALL, None)
+
+
+def test_allow_all_with_a_limit_is_refused_naming_the_actor() -> None:
+    with pytest.raises(
+        ScheduleError, match="actor 'sync': schedule_limit=3 with overlap='allow_all'"
+    ):
+        read_declaration(
+            "sync",
+            {"schedule": "*/5 * * * *", "schedule_overlap": "allow_all", "schedule_limit": 3},
+            DEFAULTS,
+            300,
+        )
+    # Declared as a user declares it: the actor is refused, named, when declared.
+    import dramatiq
+    from dramatiq.brokers.stub import StubBroker
+
+    from anarchon_dramatiq import Anarchon, every
+
+    broker = StubBroker()
+    broker.add_middleware(Anarchon(store="memory://", scheduler=False))
+    with pytest.raises(
+        ScheduleError, match="actor 'noop': schedule_limit=3 with overlap='allow_all'"
+    ):
+        dramatiq.actor(
+            broker=broker, schedule=every(60), schedule_overlap="allow_all", schedule_limit=3
+        )(noop)
+    assert "noop" not in broker.get_declared_actors()

@@ -421,7 +421,8 @@ def test_allow_all_runs_every_slot_beside_the_runs_still_going_each_with_its_own
     # Each run renewed a lease of its own: none was lost, none taken over.
     assert all(s.attempt == 1 and not s.lost for s in cluster.spans)
     assert cluster.kinds(EventKind.TAKEOVER) == []
-    # Runs and events name the job, never a lane's record.
+    # Runs, events and the registry name the job, never a lane's record.
+    assert {i.info["jobs"] for i in cluster.store.instances()} == {1}
     assert {s.job for s in cluster.spans} == {"job"}
     assert {e.job for e in cluster.events} == {"job"}
 

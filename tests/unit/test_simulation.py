@@ -12,21 +12,30 @@ window runs, (d) no scheduling step raises. With an overlap policy
 holds the lease, and (e) a slot is won by a claim once, (f) the slots of a
 job start in order, (g) every slot that waited starts once the run before
 it ended (none lost to the crash of an instance it waited on, none stuck),
-(h) the instances decide alike which slots wait. The long soak is
+(h) the instances decide alike which slots wait. With ``--overlap allow_all``,
+the runs of a job's slots go on side by side, each in its lane's record: (a)
+and (e) still hold per slot (a slot's claims compared by record and token), the
+one-run-at-a-time rule of an instance holds per lane, (c) holds as for any job
+(a crashed run taken over), and (i) a slot is skipped as an overlap only while
+its lane holds the run of the slot 16 intervals older. The long soak is
 ``python -m tests.sim --seeds 0:1000`` (see docs/failure-scenarios.md).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
+from collections.abc import Callable
 
 import pytest
 
 from anarchon_core import jobs
-from anarchon_core.engine import pacing
+from anarchon_core.engine import pacing, table
 from anarchon_core.engine.backups import Backups
 from anarchon_core.engine.loop import Loop
+from anarchon_core.engine.table import JobTable
 from anarchon_core.events import EventKind
+from anarchon_core.slots import LANE, LANES
 from tests.sim import FAULTS, Chaos, Cluster, Violation, main, overloaded, started_again
 
 #: The overlap policies that queue slots (``skip``, the default, is every test above).
@@ -65,17 +74,39 @@ def test_each_fault_alone_keeps_every_invariant(fault: str, seed: int) -> None:
 )
 @pytest.mark.parametrize("overlap", POLICIES)
 def test_overlap_policies_keep_every_invariant(overlap: str, seeds: range) -> None:
-    waited = started = cancelled = 0
+    waited = started = cancelled = together = 0
     for seed in seeds:
         chaos = Chaos(seed, seconds=600, overlap=overlap)
         chaos.run()
         waited += len(chaos.buffered)
         started += len(set(chaos.buffered) & set(chaos.claimed))
         cancelled += len(chaos.cancelled)
+        together = max(together, *chaos.together.values(), 0)
     # The policy was at work: slots waited, most of them started (the others were still
     # waiting at the end), and with cancel_other, runs were asked to stop.
     assert waited > 20 * len(seeds) and started > waited / 2
     assert (cancelled > 5 * len(seeds)) is (overlap == "cancel_other")
+    # The slots of a job ran one after another, never two handlers at once.
+    assert together == 1
+
+
+@pytest.mark.timeout(600)  # three five-minute seeds: about 4 s on an idle core
+def test_allow_all_runs_slots_side_by_side_keeping_every_invariant() -> None:
+    long_jobs = seen_together = 0
+    for seed in range(3):
+        chaos = Chaos(seed, seconds=300, overlap="allow_all")
+        chaos.run()
+        # Every job whose handler outlasts its interval had runs of several slots going
+        # on at once (its runs, not dispatched work, which workers run).
+        for plan in chaos.jobs:
+            if plan.duration > plan.every and not plan.handoff:
+                long_jobs += 1
+                seen_together += chaos.together.get(plan.name, 0) > 1
+        # Every slot was claimed in its lane's record (whose tokens rose, (b)), never in
+        # the job's own, and the slots spread over many lanes.
+        records = set(chaos.tokens)
+        assert all(LANE in record for record in records) and len(records) > LANES
+    assert long_jobs >= 4 and seen_together == long_jobs
 
 
 def first_violation(faults: list[str], seeds: range = range(30), overlap: str | None = None) -> str:
@@ -97,10 +128,14 @@ def test_a_runner_holding_past_its_lease_is_caught_with_its_replay(
     assert "replay: python -m tests.sim --seed" in found
 
 
-def test_a_backup_that_never_takes_over_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    """(c): slots whose runner was killed are never run again."""
+@pytest.mark.parametrize("overlap", [None, "allow_all"])
+def test_a_backup_that_never_takes_over_is_caught(
+    overlap: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(c): slots whose runner was killed are never run again (with allow_all, each run
+    is taken over alone, in its lane)."""
     monkeypatch.setattr(Backups, "_take_over", lambda self, lapsed: None)
-    assert "(c)" in first_violation(["kill"])
+    assert "(c)" in first_violation(["kill"], overlap=overlap)
 
 
 @pytest.mark.parametrize("overlap", POLICIES)
@@ -111,6 +146,40 @@ def test_slots_left_waiting_behind_a_run_that_ended_are_caught(
     monkeypatch.setattr(Backups, "_start_waiting", lambda self, ended: None)
     found = first_violation(list(FAULTS), overlap=overlap)
     assert "(g)" in found and f"--overlap {overlap}" in found
+
+
+def _one_lane(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every slot claimed in lane 0: a slot whose run goes on holds the next one back."""
+    monkeypatch.setattr(table, "lane_of", lambda slot_ms, interval_ms, lanes: 0)
+
+
+def _as_skip(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every slot claimed in the job's own record, as overlap="skip" claims them."""
+    monkeypatch.setattr(JobTable, "runs_in", lambda self, rt, slot: (rt, slot))
+
+
+def _lanes_apart(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each instance picks its own lane for a slot: each wins it in a record of its own
+    (the tokens of two lanes may well be equal)."""
+    picks = itertools.count()
+    monkeypatch.setattr(table, "lane_of", lambda slot_ms, interval_ms, lanes: next(picks) % lanes)
+
+
+@pytest.mark.parametrize(
+    ("break_lanes", "caught"),
+    [(_one_lane, ("(i)",)), (_as_skip, ("(i)",)), (_lanes_apart, ("(a)", "(e)"))],
+    ids=["one-lane", "as-skip", "lanes-apart"],
+)
+def test_allow_all_broken_lanes_are_caught(
+    break_lanes: Callable[[pytest.MonkeyPatch], None],
+    caught: tuple[str, ...],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """(i): slots held back by the runs of others (one lane, or none, for every slot);
+    (a)/(e): a slot won in two lanes, so run twice."""
+    break_lanes(monkeypatch)
+    found = first_violation(list(FAULTS), overlap="allow_all")
+    assert any(letter in found for letter in caught) and "--overlap allow_all" in found
 
 
 def test_a_scheduling_step_that_raises_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -84,3 +84,51 @@ def test_the_command_line_sets_changes_and_clears_rules(
     assert "--limit 'many': a whole number of slots" in capsys.readouterr().err
     assert main(["change", "poll", "--store", url, "--overlap", "queue"]) == 2
     assert "overlap='queue': not a policy" in capsys.readouterr().err
+
+
+# -- overlap="allow_all": slots side by side, no limit with it ----------------------
+
+
+def test_allow_all_is_stored_and_declared_and_a_limit_with_it_refused(
+    tmp_path: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"sqlite:///{tmp_path}/s.db"
+    argv = ["add", "poll", "--store", url, "--handler", "poll", "--every", "60"]
+    assert main([*argv, "--overlap", "allow_all"]) == 0
+    assert "every 60s, overlap allow_all -> poll" in capsys.readouterr().out
+    control = Control(url)
+    stored = control.store.controls(DEFINED + "poll")[DEFINED + "poll"][1]
+    assert json.loads(stored)["rules"] == {"overlap": "allow_all"}
+    # An instance on the store declares it with the policy.
+    scheduler = Scheduler(url, clock=FakeClock(START))
+    try:
+        scheduler.handler("poll")(lambda: None)
+        scheduler.run_pending()
+        rules = scheduler.job_named("poll").rules
+    finally:
+        scheduler.stop(timeout=0)
+    assert (rules.overlap, rules.limit) == (Overlap.ALLOW_ALL, None)
+
+    # A limit beside it: refused, saying why, whether added so or changed to it.
+    said = "job 'other': limit=3 with overlap='allow_all'"
+    other = ["add", "other", "--store", url, "--handler", "poll", "--every", "60"]
+    assert main([*other, "--overlap", "allow_all", "--limit", "3"]) == 2
+    err = capsys.readouterr().err
+    assert said in err and "use another overlap policy with a limit" in err, err
+    assert main(["change", "poll", "--store", url, "--limit", "3"]) == 2
+    assert "job 'poll': limit=3 with overlap='allow_all'" in capsys.readouterr().err
+    # Nothing stored by either.
+    assert DEFINED + "other" not in control.store.controls(DEFINED + "other")
+    again = control.store.controls(DEFINED + "poll")[DEFINED + "poll"][1]
+    assert json.loads(again)["rules"] == {"overlap": "allow_all"}
+    control.store.close()
+
+
+def test_a_stored_schedule_with_allow_all_and_a_limit_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match="job 'poll': limit=3 with overlap='allow_all'"):
+        Definition("poll", "poll", every=60, rules={"overlap": "allow_all", "limit": 3})
+    control = Control(MemoryStore(namespace="t"))
+    control.add(Definition("poll", "poll", every=60, rules={"limit": 3}))
+    with pytest.raises(ConfigurationError, match="job 'poll': limit=3 with overlap='allow_all'"):
+        control.change("poll", rules={"overlap": "allow_all"})
+    assert dict(control.definitions()["poll"].rules) == {"limit": 3}
