@@ -73,29 +73,48 @@ class _Turn:
         return self._running.locked()
 
 
+#: The most handler threads a scheduler runs at once, by default (``handler_threads=``).
+HANDLER_THREADS = 100
+
+
 class Workers:
     """Daemon threads that run targets one at a time and wait for the next.
 
-    A target starts on an idle thread if there is one, else on a new thread
-    (there is no upper bound: a handler never waits for another to return).
-    A thread idle for ``idle`` seconds ends. Starting a thread costs far more
-    than handing a target to one that waits: an instance that wins a thousand
-    slots at once starts their handlers in a fraction of the time.
+    A target starts on an idle thread if there is one, else on a new thread,
+    up to ``limit`` threads (``None``: no bound); past it, targets wait, in
+    the order they came, for a thread to finish its own. A thread idle for
+    ``idle`` seconds ends. Starting a thread costs far more than handing a
+    target to one that waits: an instance that wins a thousand slots at once
+    starts their handlers in a fraction of the time.
     """
 
-    def __init__(self, idle: float = 60.0) -> None:
+    def __init__(self, idle: float = 60.0, limit: int | None = None) -> None:
+        if limit is not None and (
+            isinstance(limit, bool) or not isinstance(limit, int) or limit < 1
+        ):
+            raise ValueError(f"handler_threads={limit!r}: expected a whole number, at least 1")
         self._idle_for = idle
+        self._limit = limit
         self._lock = threading.Lock()
-        #: Threads waiting for a target that no target was handed to yet.
-        self._idle = 0
+        #: Threads alive; those blocked waiting for a target; targets not yet taken.
+        self._threads = self._waiting = self._pending = 0
         self._queue: SimpleQueue[tuple[Callable[[], None], str, _Turn]] = SimpleQueue()
+
+    @property
+    def threads(self) -> int:
+        """How many threads are alive (running a target or waiting for one)."""
+        with self._lock:
+            return self._threads
 
     def spawn(self, target: Callable[[], None], name: str) -> Task:
         turn = _Turn()
         with self._lock:
-            start = self._idle == 0
-            if not start:
-                self._idle -= 1  # that thread's: it takes this target
+            self._pending += 1
+            start = self._pending > self._waiting and (
+                self._limit is None or self._threads < self._limit
+            )
+            if start:
+                self._threads += 1
         self._queue.put((target, name, turn))
         if start:
             threading.Thread(target=self._work, name=name, daemon=True).start()
@@ -104,14 +123,20 @@ class Workers:
     def _work(self) -> None:
         me = threading.current_thread()
         while True:
+            with self._lock:
+                self._waiting += 1
             try:
                 target, name, turn = self._queue.get(timeout=self._idle_for)
             except Empty:
                 with self._lock:
-                    if self._idle == 0:
+                    self._waiting -= 1
+                    if self._pending > self._waiting:
                         continue  # counted on for a target just handed over: take it
-                    self._idle -= 1
+                    self._threads -= 1
                     return
+            with self._lock:
+                self._waiting -= 1
+                self._pending -= 1
             me.name = name
             try:
                 target()
@@ -120,8 +145,6 @@ class Workers:
             finally:
                 turn.done()
                 me.name = "anarchon:idle"
-                with self._lock:
-                    self._idle += 1
 
 
 class SystemClock:
@@ -140,8 +163,10 @@ class SystemClock:
     def wait(self, event: threading.Event, timeout: float) -> bool:
         return event.wait(max(0.0, timeout))
 
-    def __init__(self) -> None:
-        self._workers = Workers()
+    def __init__(self, handler_threads: int | None = HANDLER_THREADS) -> None:
+        """``handler_threads``: the most threads running handlers at once (``None``: no
+        bound); handlers past it wait for one, in the order their slots were won."""
+        self._workers = Workers(limit=handler_threads)
 
     def spawn(self, target: Callable[[], None], name: str) -> Task:
         return self._workers.spawn(target, name)

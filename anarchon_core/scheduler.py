@@ -34,7 +34,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
 
-from .clock import Clock, SystemClock
+from .clock import HANDLER_THREADS, Clock, SystemClock
 from .control import Control
 from .durations import Duration
 from .engine.backups import Backups
@@ -107,6 +107,10 @@ class Scheduler:
     finished or handed off within the same step. ``resolve`` makes the handler
     of a schedule defined in the store (None: this instance has none); by
     default, the function registered under its name with :meth:`handler`.
+    ``handler_threads`` bounds the threads that run handlers at once (default
+    :data:`~anarchon_core.clock.HANDLER_THREADS`, 100; ``None``: no bound):
+    past it, a won slot's handler waits for a thread, in the order the slots
+    were won, while the engine renews its lease as for any run.
     """
 
     def __init__(
@@ -125,7 +129,13 @@ class Scheduler:
         listener: Callable[[Event], None] | None = None,
         inline: bool = False,
         resolve: Resolve | None = None,
+        handler_threads: int | None = HANDLER_THREADS,
     ) -> None:
+        if clock is not None and handler_threads != HANDLER_THREADS:
+            raise ConfigurationError(
+                f"handler_threads={handler_threads!r} bounds the scheduler's own clock's"
+                " threads; a clock= given starts handlers its own way"
+            )
         self._defaults = JobOptions.build(
             lease=lease, renew=renew, jitter=jitter, catch_up=catch_up, watch=watch
         )
@@ -135,7 +145,10 @@ class Scheduler:
         self._emit = Emitter(instance=self.instance, namespace=self.namespace, logger=log)
         if listener:
             self._emit.add_listener(listener)
-        self._clock: Clock = clock or SystemClock()
+        try:
+            self._clock: Clock = clock or SystemClock(handler_threads)
+        except ValueError as exc:
+            raise ConfigurationError(str(exc)) from None
         self._wire(inline, seed, resolve, owns_store)
 
     @property

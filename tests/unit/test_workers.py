@@ -61,3 +61,41 @@ def test_idle_threads_end_and_a_failing_target_does_not_stop_its_thread() -> Non
     ran.clear()
     workers.spawn(ran.set, "anarchon:later").join(5)
     assert ran.is_set()
+
+
+def test_a_bounded_pool_runs_at_most_its_limit_at_once_and_the_rest_in_order() -> None:
+    workers, gate = Workers(idle=30, limit=3), threading.Event()
+    before = threading.active_count()
+    order: list[int] = []
+    running = most = 0
+    lock = threading.Lock()
+
+    def target(k: int) -> None:
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+            order.append(k)
+        gate.wait(5)
+        with lock:
+            running -= 1
+
+    tasks = [workers.spawn(lambda k=k: target(k), f"anarchon:job{k}") for k in range(10)]  # type: ignore[misc]
+    wait_until(lambda: len(order) == 3, 5, "three targets to start")
+    assert threading.active_count() - before == 3 and workers.threads == 3
+    assert sum(t.is_alive() for t in tasks) == 10  # the other seven wait for a thread
+    gate.set()
+    for t in tasks:
+        t.join(5)
+    assert not any(t.is_alive() for t in tasks)
+    assert most == 3
+    assert order[3:] == list(range(3, 10))  # the waiting ones in the order they came
+    assert threading.active_count() - before == 3
+
+
+def test_a_pool_bound_below_one_is_refused() -> None:
+    import pytest
+
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="handler_threads="):
+            Workers(limit=bad)  # type: ignore[arg-type]
