@@ -57,6 +57,7 @@ from .once import who_asked
 from .pauses import PauseReason
 from .pauses import reasons as pause_reasons
 from .schedules import NEVER, Bounded, Schedule, ended, from_ms, from_spec, zone_of
+from .slots import record_job
 from .store import (
     HISTORY,
     ControlStore,
@@ -110,7 +111,8 @@ def status(store: Store, out: TextIO) -> int:
         if isinstance(store, RegistryStore):  # instances up before their first slot
             instances(store, {}, out, declared)
         return 0
-    states = records.states(store, every)
+    read = records.read(store, every)  # the lanes' records too: each run held is shown
+    states = records.states(store, every, read)
     jobs = [
         JobStatus(name, states.get(name), False, defined.get(name), None, declared.jobs.get(name))
         for name in every
@@ -144,7 +146,7 @@ def status(store: Store, out: TextIO) -> int:
     limits(jobs, out)
     disagreements(declared, out)
     if isinstance(store, RegistryStore):
-        instances(store, states, out, declared)
+        instances(store, read, out, declared)
     strays(store, out)
     return len(rows) - 1
 
@@ -222,7 +224,11 @@ def instances(
     """Print the live instances of the store's registry, and the runs each holds; and
     those that say nothing of the jobs they declare (``declared.silent``)."""
     live = sorted(store.instances(), key=lambda r: r.instance)
-    holds = holders(states)
+    # By record: an instance holding runs in the lanes of an allow_all job holds that job.
+    holds = {
+        owner: sorted({record_job(name) for name in names})
+        for owner, names in holders(states).items()
+    }
     print(f"\n{len(live)} live instance(s)", file=out)
     if not live:
         return

@@ -664,10 +664,16 @@ class Records:
     def _read(self, names: Sequence[str]) -> list[str]:
         return [*names, *(lane for name in names for lane in self.lanes.get(name, ()))]
 
-    def states(self, store: Store, names: Sequence[str]) -> dict[str, JobState]:
-        """The current record of each of ``names`` (one read): a job's own, or its
-        lanes' newest slot's."""
-        read = store.states(self._read(names))
+    def read(self, store: Store, names: Sequence[str]) -> dict[str, JobState]:
+        """The records of ``names`` and of their lanes, by record name (one read)."""
+        return store.states(self._read(names))
+
+    def states(
+        self, store: Store, names: Sequence[str], read: Mapping[str, JobState] | None = None
+    ) -> dict[str, JobState]:
+        """The current record of each of ``names``: a job's own, or its lanes' newest
+        slot's (``read``: what :meth:`read` answered, if read already)."""
+        read = self.read(store, names) if read is None else read
         found = {}
         for name in names:
             records = [read[r] for r in (name, *self.lanes.get(name, ())) if r in read]

@@ -135,6 +135,12 @@ def test_an_allow_all_job_runs_side_by_side_and_shows_as_one_job(target: Target)
         assert [row[0] for row in rows] == ["poll"], shown(live)
         assert rows[0][4:6] == ["1", "running"], shown(live)
         assert "\x1f" not in live.stdout and "lane" not in live.stdout, shown(live)
+        # The live instance holds the job's runs (in several lanes): named once, as the job.
+        table = live.stdout.split(" live instance(s)", 1)[1]
+        (instance_row,) = [
+            line.split() for line in table.splitlines() if line.startswith(scheduler.instance)
+        ]
+        assert instance_row[-1] == "poll", shown(live)
     finally:
         runs.release.set()
         wait_until(
