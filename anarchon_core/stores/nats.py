@@ -1007,8 +1007,9 @@ class NatsStore(LeasesByObservation, RegistryStore, ControlStore, OnceStore):
 
 #: Milliseconds in a minute: the entries' subjects are grouped by the minute they are due.
 _MINUTE = 60_000
-#: Entries published at once.
-_ONCE_CHUNK = 1000
+#: Entries published at once, each awaiting its acknowledgement within the request
+#: timeout: a few hundred in flight keep the last one's wait short on a busy server.
+_ONCE_CHUNK = 250
 #: Minutes listed at once, and at most by one read (the low mark catches up after a long
 #: outage over several reads).
 _ONCE_AT_ONCE, _ONCE_MINUTES = 30, 240
