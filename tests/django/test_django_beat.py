@@ -30,8 +30,9 @@ pytestmark = pytest.mark.scenario
 
 #: How often the beats read the change marker (the project's anarchon_django_poll).
 POLL = 1.0
-#: An edit is followed by every beat within a poll, plus a margin for a loaded machine.
-FOLLOWED = POLL + 1.5
+#: An edit is followed by every beat within a poll, plus a margin for a loaded machine
+#: (CI runs ten test processes on two cores).
+FOLLOWED = POLL + 3.0
 #: When, after the rows with times of their own are added, 'expiring' expires,
 #: 'clocked' runs and 'later' starts.
 EXPIRING, CLOCKED, LATER = 6, 9, 12
@@ -229,12 +230,16 @@ def _scenario(pods: DjangoFleet, rows: Project, store: str) -> None:
             started = len(set(seconds_of(starts(name))))
             if table[name]["total_run_count"] != started:
                 wrong[name] = (table[name]["total_run_count"], started)
+        # The worker's own beat still sends every2: its newest slot, read with the table.
+        newest = max(seconds_of(starts("every2")))
+        if table["every2"]["last_run_at"] != newest:
+            wrong["every2 last_run_at"] = (table["every2"]["last_run_at"], newest)
         return wrong
 
     wait_until(
         lambda: not counts_match(),
         15,
-        "total_run_count equal to the slots sent",
+        "total_run_count equal to the slots sent, last_run_at to the newest",
         interval=0.5,
         seen=counts_match,
     )
@@ -244,4 +249,3 @@ def _scenario(pods: DjangoFleet, rows: Project, store: str) -> None:
     table = rows.dump()
     for name in ("once", "clocked", "clocked2"):
         assert table[name]["enabled"] is False, name
-    assert table["every2"]["last_run_at"] == max(seconds_of(starts("every2")))
