@@ -547,14 +547,7 @@ class Store(abc.ABC):
         :class:`~anarchon_core.errors.ConfigurationError`, as for every
         method of this part.
         """
-        store, mark = self._controlled(), self._mark_of(job)
-        changed = store._set_pause(mark, True)
-        if job is not None:
-            # The records of the job's lanes (overlap="allow_all") are claimed by
-            # their own names: each carries the pause too, read in its claim's step.
-            for lane in range(LANES):
-                changed = store._set_pause(lane_record(mark, lane), True) or changed
-        return changed
+        return self._set_marks(job, True)
 
     def resume(self, job: str | None = None) -> bool:
         """Undo :meth:`pause`; ``True`` if ``job`` (or the namespace) was paused.
@@ -562,11 +555,18 @@ class Store(abc.ABC):
         The job's own mark goes first, its lanes' after it: until the last is
         gone, :meth:`paused` still names the job (a resume cut short is seen).
         """
+        return self._set_marks(job, False)
+
+    def _set_marks(self, job: str | None, on: bool) -> bool:
+        """Set or clear the pause mark of ``job`` (or of the namespace), the job's own
+        first; whether any changed. The records of the job's lanes
+        (``overlap="allow_all"``) are claimed by their own names: each carries the
+        mark too, read in its claim's atomic step."""
         store, mark = self._controlled(), self._mark_of(job)
-        changed = store._set_pause(mark, False)
+        changed = store._set_pause(mark, on)
         if job is not None:
             for lane in range(LANES):
-                changed = store._set_pause(lane_record(mark, lane), False) or changed
+                changed = store._set_pause(lane_record(mark, lane), on) or changed
         return changed
 
     def paused(self) -> Paused:
