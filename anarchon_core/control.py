@@ -14,10 +14,10 @@ import json
 import socket
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, TypeVar
 
 from . import pauses
 from .declarations import Declared, DeclaredJobs, Reader
@@ -28,7 +28,7 @@ from .jobs import JobOptions, Rules
 from .names import check_name
 from .once import entry_value
 from .schedules import Schedule, Upcoming, make_schedule, moment, preview
-from .slots import BACKFILL, LANE, LANES, Slot, lane_record, record_job
+from .slots import BACKFILL, LANE, Slot, lane_records, record_job
 from .store import (
     ControlStore,
     InstanceRecord,
@@ -42,6 +42,8 @@ from .store import (
     Store,
     onces,
 )
+
+T = TypeVar("T")
 
 #: Prefixes of the control entries: run-now requests, the marks of slots run on
 #: request, and the schedules defined in the store.
@@ -242,7 +244,7 @@ class Control:
     def known(self, job: str) -> bool:
         """Whether ``job`` has a record (or its backfill has), a pause mark or a stored
         schedule, or a live instance declares it."""
-        lanes = [lane_record(job, lane) for lane in range(LANES)]
+        lanes = lane_records(job)
         if self.store.states([job, job + BACKFILL, *lanes]) or job in self.store.paused().jobs:
             return True  # a record of its own, of its backfill or of a lane
         if DEFINED + job in self.store.controls(DEFINED + job):
@@ -474,7 +476,7 @@ class Control:
     def history(self, job: str, limit: int = 20) -> list[RunRecord]:
         """The most recent attempts of ``job``, newest first."""
         self._check_known(job)
-        return Records.of(self.store).history(self.store, job, limit)
+        return Records.of_job(self.store, job).history(self.store, job, limit)
 
     def trigger(self, job: str, *, unrecorded: bool = False) -> str:
         """Ask for one run of ``job`` now; the id of the slot it runs as.
@@ -661,8 +663,21 @@ class Records:
                 lanes.setdefault(job, []).append(name)
         return cls(tuple(sorted(jobs)), {job: tuple(names) for job, names in lanes.items()})
 
+    @classmethod
+    def of_job(cls, store: Store, job: str) -> Records:
+        """The records of ``job`` alone: its lanes found by one read of their records."""
+        lanes = tuple(sorted(store.states(lane_records(job))))
+        return cls((job,), {job: lanes} if lanes else {})
+
     def _read(self, names: Sequence[str]) -> list[str]:
         return [*names, *(lane for name in names for lane in self.lanes.get(name, ()))]
+
+    def _each(self, names: Sequence[str], read: Mapping[str, T]) -> Iterator[tuple[str, list[T]]]:
+        """Per name of ``names`` with anything in ``read``: its own and its lanes' values."""
+        for name in names:
+            values = [read[r] for r in (name, *self.lanes.get(name, ())) if r in read]
+            if values:
+                yield name, values
 
     def read(self, store: Store, names: Sequence[str]) -> dict[str, JobState]:
         """The records of ``names`` and of their lanes, by record name (one read)."""
@@ -674,22 +689,15 @@ class Records:
         """The current record of each of ``names``: a job's own, or its lanes' newest
         slot's (``read``: what :meth:`read` answered, if read already)."""
         read = self.read(store, names) if read is None else read
-        found = {}
-        for name in names:
-            records = [read[r] for r in (name, *self.lanes.get(name, ())) if r in read]
-            if records:
-                found[name] = max(records, key=lambda record: record.slot_ms)
-        return found
+        return {
+            name: max(records, key=lambda record: record.slot_ms)
+            for name, records in self._each(names, read)
+        }
 
     def stats(self, store: Store, names: Sequence[str]) -> dict[str, JobStats]:
         """The counts of each of ``names`` (one read), its lanes' added up."""
         read = store.stats(self._read(names))
-        found = {}
-        for name in names:
-            counts = [read[r] for r in (name, *self.lanes.get(name, ())) if r in read]
-            if counts:
-                found[name] = _added(name, counts)
-        return found
+        return {name: _added(name, counts) for name, counts in self._each(names, read)}
 
     def history(self, store: Store, job: str, limit: int) -> list[RunRecord]:
         """The most recent attempts of ``job``, its lanes' among them, newest first."""

@@ -76,6 +76,11 @@ def lane_record(job: str, lane: int) -> str:
     return f"{job}{LANE}{lane}"
 
 
+def lane_records(job: str) -> list[str]:
+    """The names of the store's records of every lane of ``job``, in lane order."""
+    return [lane_record(job, lane) for lane in range(LANES)]
+
+
 def lane_of(slot_ms: int, interval_ms: int, lanes: int) -> int:
     """The lane of the slot ``slot_ms`` of a job whose slots are at least
     ``interval_ms`` apart: the number of whole intervals since the epoch, modulo

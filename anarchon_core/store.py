@@ -57,7 +57,7 @@ from typing import Any, TypeVar
 
 from .errors import BatchRefused, ConfigurationError
 from .names import check_name, check_namespace
-from .slots import LANES, lane_record, record_job
+from .slots import lane_records, record_job
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -565,8 +565,8 @@ class Store(abc.ABC):
         store, mark = self._controlled(), self._mark_of(job)
         changed = store._set_pause(mark, on)
         if job is not None:
-            for lane in range(LANES):
-                changed = store._set_pause(lane_record(mark, lane), on) or changed
+            for lane in lane_records(mark):
+                changed = store._set_pause(lane, on) or changed
         return changed
 
     def paused(self) -> Paused:

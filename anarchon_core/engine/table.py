@@ -16,7 +16,7 @@ from ..due import Agenda
 from ..errors import ConfigurationError
 from ..jobs import Job, Overlap
 from ..roles import JobRuntime
-from ..slots import BACKFILL, LANES, Slot, is_own_record, lane_of, lane_record
+from ..slots import BACKFILL, LANES, Slot, is_own_record, lane_of, lane_record, lane_records
 
 
 class JobTable:
@@ -31,6 +31,8 @@ class JobTable:
         #: What is due for the jobs, so that a step looks at those alone.
         self.agenda = Agenda()
         self._seq = itertools.count()
+        #: Per lane's runtime (``overlap="allow_all"``), the job its own was made from.
+        self._lane_of: dict[str, Job] = {}
 
     def add(self, job: Job) -> JobRuntime:
         """Declare ``job``; a job of that name removed while its last run goes on comes back."""
@@ -54,7 +56,7 @@ class JobTable:
         Its lanes (``overlap="allow_all"``) go with it, each once its run ended."""
         with self.lock:
             rt = self._runtimes[name]
-            lanes = [self._runtimes.get(lane_record(name, i)) for i in range(LANES)]
+            lanes = [self._runtimes.get(lane) for lane in lane_records(name)]
             for each in [rt, *lanes]:
                 if each is None:
                     continue
@@ -63,12 +65,14 @@ class JobTable:
                 self._unplaced.pop(each.job.name, None)
                 if each.runner is None:
                     del self._runtimes[each.job.name]
+                    self._lane_of.pop(each.job.name, None)
 
     def forget(self, rt: JobRuntime) -> None:
         """Drop a removed job whose last run ended."""
         with self.lock:
             if self._runtimes.get(rt.job.name) is rt:
                 del self._runtimes[rt.job.name]
+                self._lane_of.pop(rt.job.name, None)
 
     def get(self, name: str) -> JobRuntime | None:
         with self.lock:
@@ -116,7 +120,7 @@ class JobTable:
         record names it: ``rt`` itself, or, for a job with ``overlap="allow_all"``, the
         runtime of the slot's lane (:func:`~anarchon_core.slots.lane_of`)."""
         job = rt.job
-        if job.rules.overlap is not Overlap.ALLOW_ALL or not is_own_record(job.name):
+        if not _has_lanes(job):
             return rt, slot
         lane = self.lane(rt, lane_of(slot.ms, job.lane_ms, LANES))
         return lane, Slot(lane.job.name, slot.time)
@@ -124,13 +128,11 @@ class JobTable:
     def lanes(self, rt: JobRuntime) -> list[JobRuntime]:
         """The runtimes of the lanes of ``rt``'s job, in lane order (``overlap="allow_all"``;
         none for another job)."""
-        if rt.job.rules.overlap is not Overlap.ALLOW_ALL or not is_own_record(rt.job.name):
-            return []
-        return [self.lane(rt, i) for i in range(LANES)]
+        return [self.lane(rt, i) for i in range(LANES)] if _has_lanes(rt.job) else []
 
     def lane(self, rt: JobRuntime, lane: int) -> JobRuntime:
         """The runtime of lane ``lane`` of ``rt``'s job: a record of its own, made on first
-        use, with the job as it is now."""
+        use, with the job as it is now (made again only once the job was declared anew)."""
         with self.lock:
             name = lane_record(rt.job.name, lane)
             runtime = self._runtimes.get(name)
@@ -139,9 +141,10 @@ class JobTable:
                     rt.job.lane(lane), self.agenda, next(self._seq)
                 )
                 runtime.ready = True
-            else:
+            elif self._lane_of.get(name) is not rt.job:
                 runtime.job = rt.job.lane(lane)  # the job's handler and options as they are now
-                runtime.removed = False
+            runtime.removed = False
+            self._lane_of[name] = rt.job
             return runtime
 
     def backfill_of(self, rt: JobRuntime) -> JobRuntime:
@@ -195,3 +198,9 @@ class JobTable:
         with self.lock:
             for rt in checked:
                 self.agenda.backup_moved(rt)
+
+
+def _has_lanes(job: Job) -> bool:
+    """Whether ``job``'s slots are claimed in its lanes' records (``overlap="allow_all"``;
+    a backfill's are claimed in its own)."""
+    return job.rules.overlap is Overlap.ALLOW_ALL and is_own_record(job.name)

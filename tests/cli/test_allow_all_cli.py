@@ -9,9 +9,7 @@ its runs counted together, and every lane's runs in one history.
 
 from __future__ import annotations
 
-import subprocess
 import threading
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,8 +19,7 @@ import pytest
 from anarchon_core import Run, Scheduler, open_store
 from anarchon_core.schedules import from_ms
 from anarchon_core.slots import LANE
-from tests.cleanup import drop_namespace
-from tests.cli.command import anarchon, shown
+from tests.cli.command import Target, shown, target_store
 from tests.cli.test_control_cli import attempts
 from tests.waiting import wait_until
 
@@ -35,26 +32,10 @@ WAIT = 10.0
 RUNS = 6
 
 
-@dataclass
-class Target:
-    url: str
-    namespace: str
-
-    def run(self, verb: str, *args: str) -> subprocess.CompletedProcess[str]:
-        return anarchon(verb, *args, "--store", self.url, "--namespace", self.namespace)
-
-
 @pytest.fixture(params=["redis", "sqlite"])
 def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Target]:
-    if request.param == "redis":
-        url = str(request.getfixturevalue("redis_url"))
-    else:
-        url = f"sqlite:///{tmp_path / 'jobs.db'}"
-    namespace = f"aa-{uuid.uuid4().hex[:10]}"
-    try:
-        yield Target(url, namespace)
-    finally:
-        drop_namespace(url, namespace)
+    with target_store(request, tmp_path, "aa") as target:
+        yield target
 
 
 @dataclass

@@ -12,49 +12,23 @@ import os
 import re
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from anarchon_core import Control
-from anarchon_core.control import Definition
-from tests.cleanup import drop_namespace
-from tests.cli.command import ROOT, anarchon, shown
+from tests.cli.command import ROOT, Target, shown, target_store
 
 EXIT_OK, EXIT_EMPTY, EXIT_CONFIG = 0, 1, 2
 START = "2030-01-01T08:00:00+00:00"
 END = "2030-06-30T00:00:00+00:00"
 
 
-@dataclass(frozen=True)
-class Target:
-    """The store the command is pointed at."""
-
-    url: str
-    namespace: str
-
-    def run(self, verb: str, *args: str) -> subprocess.CompletedProcess[str]:
-        return anarchon(verb, *args, "--store", self.url, "--namespace", self.namespace)
-
-    def definitions(self) -> dict[str, Definition]:
-        with Control(self.url, namespace=self.namespace) as control:
-            return control.definitions()
-
-
 @pytest.fixture(params=["redis", "sqlite"])
 def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Target]:
-    if request.param == "redis":
-        url = str(request.getfixturevalue("redis_url"))
-    else:
-        url = f"sqlite:///{tmp_path / 'bounds.db'}"
-    namespace = f"bounds-{uuid.uuid4().hex[:10]}"
-    try:
-        yield Target(url, namespace)
-    finally:
-        drop_namespace(url, namespace)
+    with target_store(request, tmp_path, "bounds") as target:
+        yield target
 
 
 def ok(done: subprocess.CompletedProcess[str]) -> str:

@@ -79,6 +79,23 @@ def one_at_a_time(spans: Sequence[Span]) -> None:
     assert [slot for slot, n in firsts.items() if n > 1] == []
 
 
+def first_runs_long(overlap: str, seconds: float) -> Cluster:
+    """Two instances of a job every second whose first slot (at 1 s) runs ``seconds``,
+    the others 0.2 s."""
+    cluster = Cluster()
+
+    def work(run: Run) -> None:
+        first = run.slot == datetime.fromtimestamp(START + 1, timezone.utc)
+        cluster.handler(seconds if first else 0.2)(run)
+
+    def setup(s: Scheduler) -> None:
+        s.add_job(work, name="job", every=1, overlap=overlap, lease=3)  # type: ignore[arg-type]
+
+    for name in "ab":
+        cluster.add(name, setup)
+    return cluster
+
+
 def test_skip_skips_every_slot_that_comes_while_the_run_holds_its_lease() -> None:
     cluster = fleet("skip")
     cluster.run(75)
@@ -149,17 +166,7 @@ def test_buffer_all_runs_every_slot_in_order_once() -> None:
 
 
 def test_buffer_all_keeps_at_most_max_buffered_slots_waiting() -> None:
-    cluster = Cluster()
-
-    def work(run: Run) -> None:  # the first slot runs 130.5 s, the others 0.2 s
-        first = run.slot == datetime.fromtimestamp(START + 1, timezone.utc)
-        cluster.handler(130.5 if first else 0.2)(run)
-
-    def setup(s: Scheduler) -> None:
-        s.add_job(work, name="job", every=1, overlap="buffer_all", lease=3)
-
-    for name in "ab":
-        cluster.add(name, setup)
+    cluster = first_runs_long("buffer_all", 130.5)
     cluster.run(190)
     ran = started(cluster)
     # 2-101 waited for slot 1 (which ran until 131.5), 102-131 found 100 waiting.
@@ -449,17 +456,7 @@ def test_allow_all_takes_over_the_run_of_a_killed_instance_while_the_others_go_o
 def test_allow_all_skips_a_slot_only_when_its_lane_still_holds_a_run_sixteen_slots_older() -> None:
     from anarchon_core.slots import LANES
 
-    cluster = Cluster()
-
-    def work(run: Run) -> None:  # the first slot runs 20.5 s, the others 0.2 s
-        first = run.slot == datetime.fromtimestamp(START + 1, timezone.utc)
-        cluster.handler(LANES + 4.5 if first else 0.2)(run)
-
-    def setup(s: Scheduler) -> None:
-        s.add_job(work, name="job", every=1, overlap="allow_all", lease=3)
-
-    for name in "ab":
-        cluster.add(name, setup)
+    cluster = first_runs_long("allow_all", LANES + 4.5)
     cluster.run(30)
     ran = started(cluster)
     # Slot 1's lane comes back with slot 17 (and 1 still runs): 17 alone is skipped.
