@@ -34,8 +34,10 @@ POLL = 1.0
 #: (CI runs ten test processes on two cores).
 FOLLOWED = POLL + 3.0
 #: When, after the rows with times of their own are added, 'expiring' expires,
-#: 'clocked' runs and 'later' starts.
-EXPIRING, CLOCKED, LATER = 6, 9, 12
+#: 'clocked' runs and 'later' starts. Adding the rows starts a Django process, which
+#: takes seconds on a loaded machine, and 'expiring' must be followed and sent before
+#: it expires: hence the margin. (The crontab minute waited for below takes longer.)
+EXPIRING, CLOCKED, LATER = 15, 18, 21
 
 
 @pytest.fixture
@@ -133,6 +135,7 @@ def _scenario(pods: DjangoFleet, rows: Project, store: str) -> None:
             {"name": "clocked", "clocked": t0 + CLOCKED, "args": ["clocked"]},
         ],
     )
+    assert time.time() + FOLLOWED + 2 < t0 + EXPIRING, "the rows took too long to add"
 
     # Edits, as the admin saves them: a new interval, a row disabled, one deleted, one added.
     edited = time.time()
