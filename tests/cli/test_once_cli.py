@@ -38,7 +38,9 @@ def test_once_asks_for_a_run_at_its_time_and_a_scheduler_runs_it_once(tmp_path: 
     scheduler.add_job(report, name="report", every=3600)
     scheduler.start()
     try:
-        at = datetime.fromtimestamp(int(time.time()) + 4, timezone.utc)
+        # Far enough ahead that the three commands below, each a Python process (seconds
+        # apiece on a loaded machine), see it still pending.
+        at = datetime.fromtimestamp(int(time.time()) + 12, timezone.utc)
         slot = f"report@{int(at.timestamp() * 1000)}"
         done = anarchon("once", "report", "--at", _iso(at), "--store", url, "--unrecorded")
         assert done.returncode == EXIT_OK, shown(done)
@@ -49,10 +51,11 @@ def test_once_asks_for_a_run_at_its_time_and_a_scheduler_runs_it_once(tmp_path: 
             == 0
         )
         done = anarchon("once", "--pending", "--store", url)
+        assert time.time() < at.timestamp(), "the commands took too long to judge --pending"
         assert done.returncode == EXIT_OK, shown(done)
         rows = [line for line in done.stdout.splitlines() if "report" in line]
         assert len(rows) == 1 and at.strftime("%Y-%m-%d %H:%M:%S") in rows[0], shown(done)
-        wait_until(lambda: ran, 15, "the one-off to run")
+        wait_until(lambda: ran, 25, "the one-off to run")
         wait_until(
             lambda: anarchon("once", "--pending", "--store", url).returncode == EXIT_EMPTY,
             10,
