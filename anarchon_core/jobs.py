@@ -20,8 +20,8 @@ from .durations import Duration, parse_duration, within
 from .errors import Cancelled, ConfigurationError, DispatchFailed, LeaseLost
 from .names import MAX_NAME as MAX_NAME  # importable from here as before
 from .names import check_name as check_name
-from .schedules import NEVER, Schedule, grid_of
-from .slots import BACKFILL, Slot, lane_record
+from .schedules import NEVER, Schedule, grid_of, shared
+from .slots import BACKFILL, Slot, is_own_record, lane_record
 
 #: Defaults of every job option, in seconds (``renew`` defaults to lease / 3,
 #: ``catch_up`` to one interval capped at one hour).
@@ -203,6 +203,7 @@ class Job:
         self.check(self.name, self.schedule, self.options)
         if not callable(self.handler):
             raise ConfigurationError(f"job {self.name!r}: handler {self.handler!r} is not callable")
+        object.__setattr__(self, "schedule", shared(self.schedule))
 
     def backfill(self) -> Job:
         """This job as its backfill's record knows it: the same handler, schedule and
@@ -220,6 +221,12 @@ class Job:
         job = Job(self.name, self.handler, self.schedule, self.options, rules)
         object.__setattr__(job, "name", lane_record(self.name, lane))
         return job
+
+    @functools.cached_property
+    def has_lanes(self) -> bool:
+        """Whether this job's slots are claimed in its lanes' records (``overlap="allow_all"``;
+        a backfill's or a lane's own are claimed in their record)."""
+        return self.rules.overlap is Overlap.ALLOW_ALL and is_own_record(self.name)
 
     @property
     def lane_ms(self) -> int:
@@ -242,11 +249,16 @@ class Job:
                 f" interval ({interval:g}s)"
             )
 
-    @property
+    @functools.cached_property
+    def interval(self) -> float:
+        """The shortest gap between two of its slots, in seconds (``min_interval``)."""
+        return self.schedule.min_interval.total_seconds()
+
+    @functools.cached_property
     def jitter(self) -> float:
         """The effective jitter bound: never more than a tenth of the interval."""
         configured = DEFAULT_JITTER if self.options.jitter is None else self.options.jitter
-        return min(configured, self.schedule.min_interval.total_seconds() / 10)
+        return min(configured, self.interval / 10)
 
     def catch_up_for(self, slot: datetime, after: datetime | None = None) -> float:
         """How late (seconds) ``slot`` may still be claimed.
@@ -328,10 +340,11 @@ class Run:
         self.attempt = attempt
         self.token = token
         self.instance = instance
-        self._lost = threading.Event()
+        # Flags, set once (their reason first) and read from any thread.
+        self._lost = False
         self._lost_lock = threading.Lock()
         self._reason = ""
-        self._cancelled = threading.Event()
+        self._cancelled = False
         self._cancel_reason = ""
         self._hand_off: float | None = None
         self._dispatch: Callable[[float], bool] | None = None
@@ -346,12 +359,12 @@ class Run:
         successful renewal, even while the engine's store call is still blocked.
         """
         if (
-            not self._lost.is_set()
+            not self._lost
             and self._monotonic is not None
             and self._monotonic() >= self._valid_until
         ):
             self.mark_lost("the lease ran out: no renewal succeeded in time")
-        return self._lost.is_set()
+        return self._lost
 
     @property
     def lost_reason(self) -> str:
@@ -374,7 +387,7 @@ class Run:
         ends it ``done``, and the waiting slot starts; one that goes on keeps
         the slot waiting until it ends.
         """
-        return self._cancelled.is_set()
+        return self._cancelled
 
     @property
     def cancel_reason(self) -> str:
@@ -473,18 +486,18 @@ class Run:
 
     def cancel(self, reason: str) -> bool:
         """Ask the handler to stop (:attr:`cancelled`), and why; False if it was asked already."""
-        if self._cancelled.is_set():
+        if self._cancelled:
             return False
         self._cancel_reason = reason
-        self._cancelled.set()
+        self._cancelled = True
         return True
 
     def mark_lost(self, reason: str) -> bool:
         """Record that the lease is lost, and why; False if it already was."""
-        if self._lost.is_set():
+        if self._lost:
             return False
         self._reason = reason
-        self._lost.set()
+        self._lost = True
         return True
 
     @property

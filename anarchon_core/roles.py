@@ -37,6 +37,11 @@ RENEW_RETRY = 0.1
 CLAIM_HOLD = 1.0
 #: How long past the lapse such a claim waits: the store's clock decides the lapse.
 LAPSE_MARGIN = 0.1
+#: The slot after a slot, for every job on one grid (jobs with equal schedules share
+#: one, :func:`~anarchon_core.schedules.shared`): (id of the schedule, the slot's ms) ->
+#: (the schedule, the next slot's time). Emptied past :data:`FOLLOWING_KEPT` entries.
+_following: dict[tuple[int, int], tuple[object, datetime]] = {}
+FOLLOWING_KEPT = 65536
 #: States of a run that has ended: nothing to back up.
 ENDED = (RunState.DONE, RunState.FAILED)
 
@@ -311,11 +316,20 @@ class JobRuntime:
     def following(self, slot: Slot) -> Slot:
         """The job's slot after ``slot``, remembered: the claim of ``slot`` asks
         first (for a backlog), its advance and its catch-up window next."""
-        schedule, memo = self.job.schedule, self._following
-        if memo is not None and memo[0] is schedule and memo[1] == slot.ms:
+        schedule, memo, ms = self.job.schedule, self._following, slot.ms
+        if memo is not None and memo[0] is schedule and memo[1] == ms:
             return memo[2]
-        after = Slot(self.job.name, schedule.next_after(slot.time))
-        self._following = (schedule, slot.ms, after)
+        key = (id(schedule), ms)
+        known = _following.get(key)
+        if known is not None and known[0] is schedule:
+            time = known[1]
+        else:
+            time = schedule.next_after(slot.time)
+            if len(_following) >= FOLLOWING_KEPT:
+                _following.clear()
+            _following[key] = (schedule, time)
+        after = Slot(self.job.name, time)
+        self._following = (schedule, ms, after)
         return after
 
     def slot_at_or_before(self, t: datetime) -> Slot | None:
@@ -336,8 +350,8 @@ class JobRuntime:
     @property
     def deferral(self) -> float:
         """How long a claim waits for the slot's preferred instance: its jitter and a margin."""
-        interval = self.job.schedule.min_interval.total_seconds()
-        return self.job.jitter + min(PEER_MARGIN, interval / 10)
+        job = self.job
+        return job.jitter + min(PEER_MARGIN, job.interval / 10)
 
     def catches_up(self, previous: Slot, record: JobState, lateness: float) -> bool:
         """Whether a starting instance still claims ``previous``, ``lateness`` seconds late.

@@ -82,6 +82,28 @@ class Schedule(Protocol):
         """A lower bound on the gap between two consecutive slots (caps jitter)."""
 
 
+#: Equal schedules, each kept once (see :func:`shared`); emptied past this many.
+_SHARED_KEPT = 4096
+_shared: dict[object, Schedule] = {}
+
+
+def shared(schedule: Schedule) -> Schedule:
+    """The one instance of the schedules equal to ``schedule`` (itself, the first time):
+    jobs on the same grid hold the same schedule, so that the slot maths done for one
+    serves them all (see :meth:`~anarchon_core.roles.JobRuntime.following`). A schedule
+    that cannot be hashed is its own."""
+    try:
+        found = _shared.get(schedule)
+    except TypeError:
+        return schedule
+    if found is not None:
+        return found
+    if len(_shared) >= _SHARED_KEPT:
+        _shared.clear()
+    _shared[schedule] = schedule
+    return schedule
+
+
 def to_ms(slot: datetime) -> int:
     """The Unix time of an aware datetime in whole milliseconds (floored)."""
     return _to_us(slot) // 1000
@@ -377,9 +399,11 @@ def _check_field(label: str, fields: list[str], index: int) -> None:
 
 
 def _to_us(t: datetime) -> int:
-    if not isinstance(t, datetime) or t.utcoffset() is None:
-        raise ConfigurationError(f"expected a timezone-aware datetime, got {t!r}")
-    return (t - EPOCH) // _US
+    try:
+        # A naive datetime, or anything else, cannot be subtracted from an aware one.
+        return (t - EPOCH) // _US
+    except TypeError:
+        raise ConfigurationError(f"expected a timezone-aware datetime, got {t!r}") from None
 
 
 def _from_us(x: int) -> datetime:

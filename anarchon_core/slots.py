@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from .schedules import from_ms, slot_id, to_ms
+from .schedules import from_ms, to_ms
 
 _MS = re.compile(r"-?[0-9]+")
 
@@ -32,7 +32,7 @@ class Slot:
     @property
     def id(self) -> str:
         """``"job@ms"``: the slot's name in events and runs, an idempotency key."""
-        return slot_id(self.job, self.time)
+        return f"{self.job}@{self.ms}"
 
     @classmethod
     def from_ms(cls, job: str, ms: int) -> Slot:

@@ -193,7 +193,8 @@ class Runs:
         )
         with self._done_lock:
             self._done.append(done)
-        self._wake.set()
+        if not self._wake.is_set():
+            self._wake.set()
 
     def join(self, deadline: float) -> None:
         """Wait for the handlers still running until ``deadline`` (monotonic)."""

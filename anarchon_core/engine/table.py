@@ -14,7 +14,7 @@ import threading
 
 from ..due import Agenda
 from ..errors import ConfigurationError
-from ..jobs import Job, Overlap
+from ..jobs import Job
 from ..roles import JobRuntime
 from ..slots import BACKFILL, LANES, Slot, is_own_record, lane_of, lane_record, lane_records
 
@@ -120,7 +120,7 @@ class JobTable:
         record names it: ``rt`` itself, or, for a job with ``overlap="allow_all"``, the
         runtime of the slot's lane (:func:`~anarchon_core.slots.lane_of`)."""
         job = rt.job
-        if not _has_lanes(job):
+        if not job.has_lanes:
             return rt, slot
         lane = self.lane(rt, lane_of(slot.ms, job.lane_ms, LANES))
         return lane, Slot(lane.job.name, slot.time)
@@ -128,7 +128,7 @@ class JobTable:
     def lanes(self, rt: JobRuntime) -> list[JobRuntime]:
         """The runtimes of the lanes of ``rt``'s job, in lane order (``overlap="allow_all"``;
         none for another job)."""
-        return [self.lane(rt, i) for i in range(LANES)] if _has_lanes(rt.job) else []
+        return [self.lane(rt, i) for i in range(LANES)] if rt.job.has_lanes else []
 
     def lane(self, rt: JobRuntime, lane: int) -> JobRuntime:
         """The runtime of lane ``lane`` of ``rt``'s job: a record of its own, made on first
@@ -198,9 +198,3 @@ class JobTable:
         with self.lock:
             for rt in checked:
                 self.agenda.backup_moved(rt)
-
-
-def _has_lanes(job: Job) -> bool:
-    """Whether ``job``'s slots are claimed in its lanes' records (``overlap="allow_all"``;
-    a backfill's are claimed in its own)."""
-    return job.rules.overlap is Overlap.ALLOW_ALL and is_own_record(job.name)
