@@ -287,6 +287,11 @@ class Job:
         )
 
 
+#: Makes a run's new deadline and its loss exclusive (:meth:`Run.hold_until`): one lock
+#: for every run, held for a comparison and an assignment.
+_HOLD_LOCK = threading.Lock()
+
+
 class Run:
     """What a handler knows about the run it is executing.
 
@@ -308,7 +313,6 @@ class Run:
         "_dispatch",
         "_hand_off",
         "_lost",
-        "_lost_lock",
         "_monotonic",
         "_reason",
         "_valid_until",
@@ -342,7 +346,6 @@ class Run:
         self.instance = instance
         # Flags, set once (their reason first) and read from any thread.
         self._lost = False
-        self._lost_lock = threading.Lock()
         self._reason = ""
         self._cancelled = False
         self._cancel_reason = ""
@@ -478,7 +481,7 @@ class Run:
         A run lost (its deadline passed, or told) stays lost: a renewal that
         comes back late does not revive it.
         """
-        with self._lost_lock:
+        with _HOLD_LOCK:
             if self.lost:
                 return False
             self._valid_until = deadline
