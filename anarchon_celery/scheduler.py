@@ -227,6 +227,7 @@ class Scheduler(celery_beat.Scheduler):  # type: ignore[misc]
             catch_up=defaults.catch_up,
             inline=True,
             resolve=self._stored_entry,
+            lookahead=settings.lookahead,
         )
         with self._lock:
             self.engine = engine

@@ -9,6 +9,8 @@ broker is Redis/Valkey or RabbitMQ:
 ``anarchon_lease``      seconds a claim holds without renewal (default 10)
 ``anarchon_jitter``     bound of the random delay before claiming (default 0)
 ``anarchon_catch_up``   how late a slot may still be sent (default: one interval, at most 1 h)
+``anarchon_lookahead``  send claims that much ahead, each slot then sent at its time
+                        (default 0: off; see the engine's ``lookahead``)
 ``anarchon_tracking``   whether workers track execution (default True, see tracking.py)
 ``anarchon_pickup``     how long a sent task may wait in the queue for a worker
                         (default 300 s); one never picked up is not sent again
@@ -35,6 +37,7 @@ from celery import Celery
 
 from anarchon_core import ConfigurationError, JobOptions
 from anarchon_core.durations import parse_duration
+from anarchon_core.engine.claims import check_lookahead
 from anarchon_core.handoff import DEFAULT_PICKUP
 from anarchon_core.jobs import DISPATCH_JITTER
 from anarchon_core.probes import check_port
@@ -154,6 +157,8 @@ class BeatSettings:
     #: Where beat serves its metrics and probes (``anarchon_metrics_port``), if anywhere.
     metrics_port: int | None = None
     metrics_host: str = "0.0.0.0"  # noqa: S104 - Prometheus and the kubelet scrape the pod
+    #: Claims sent that much ahead of their slots (``anarchon_lookahead``).
+    lookahead: float = 0.0
 
 
 def read_settings(app: Celery, loop_interval: Any = None) -> BeatSettings:
@@ -177,7 +182,8 @@ def read_settings(app: Celery, loop_interval: Any = None) -> BeatSettings:
     if not isinstance(host, str) or not host:
         raise ConfigurationError(f"anarchon_metrics_host={host!r}: expected an address")
     tracking = bool(conf.get("anarchon_tracking", True))
-    return BeatSettings(defaults, pickup, tracking, port, host)
+    lookahead = check_lookahead(conf.get("anarchon_lookahead", 0.0), "anarchon_lookahead")
+    return BeatSettings(defaults, pickup, tracking, port, host, lookahead)
 
 
 def refuse_ineffective(app: Celery, loop_interval: Any = None) -> None:

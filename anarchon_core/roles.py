@@ -77,6 +77,9 @@ class Runner:
     next_renew: float
     #: When the claim or takeover that granted the run was sent (monotonic).
     granted: float = 0.0
+    #: When its handler was due to start (monotonic): later than ``granted`` for a slot
+    #: won ahead of its time (the scheduler's ``lookahead``).
+    due: float = 0.0
     #: Whether the loss of this run was reported (event ``lost``).
     reported: bool = False
     #: Its handler returned (or never began): its end is on its way to the store, and
@@ -220,6 +223,7 @@ class JobRuntime:
         "refused",
         "removed",
         "seq",
+        "start_at",
         "suspect",
         "waiting",
         "watcher",
@@ -232,6 +236,9 @@ class JobRuntime:
         self.seq = seq
         self.next_slot: Slot | None = None
         self._claim_at = 0.0
+        #: When the handler of ``next_slot`` starts, at the earliest, if its claim is won:
+        #: its claim's time but for the look-ahead (see :meth:`place`).
+        self.start_at = 0.0
         self._backup: Backup | None = None
         self._runner: Runner | None = None
         #: The slot after one slot, remembered: (schedule, slot ms, the slot after).
@@ -337,15 +344,18 @@ class JobRuntime:
         latest = self.job.schedule.latest_at_or_before(t)
         return None if latest is None else Slot(self.job.name, latest)
 
-    def place(self, offset: float, deferred: bool = False) -> None:
+    def place(self, offset: float, deferred: bool = False, lookahead: float = 0.0) -> None:
         """Claim ``next_slot`` at its time plus ``offset`` (0 to 1) of the jitter.
 
         ``deferred``: another instance claims it first; this one only after
-        :meth:`deferral` more, should that one not have.
+        :meth:`deferral` more, should that one not have. ``lookahead``: the
+        claim is sent that many seconds earlier, and a slot won ahead starts
+        its handler at the time the claim would have gone (:attr:`start_at`).
         """
         assert self.next_slot is not None
         self.deferred = self.deferral if deferred else 0.0
-        self.claim_at = self.next_slot.time.timestamp() + offset * self.job.jitter + self.deferred
+        self.start_at = self.next_slot.time.timestamp() + offset * self.job.jitter + self.deferred
+        self.claim_at = self.start_at - lookahead
 
     @property
     def deferral(self) -> float:

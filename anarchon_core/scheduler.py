@@ -38,7 +38,7 @@ from .clock import HANDLER_THREADS, Clock, SystemClock
 from .control import Control
 from .durations import Duration
 from .engine.backups import Backups
-from .engine.claims import REQUEST_WAIT, TICK_OFFSETS_KEPT, Answers, Claims
+from .engine.claims import REQUEST_WAIT, TICK_OFFSETS_KEPT, Answers, Claims, check_lookahead
 from .engine.context import Context
 from .engine.gateway import Gateway
 from .engine.loop import (
@@ -111,6 +111,11 @@ class Scheduler:
     :data:`~anarchon_core.clock.HANDLER_THREADS`, 100; ``None``: no bound):
     past it, a won slot's handler waits for a thread, in the order the slots
     were won, while the engine renews its lease as for any run.
+    ``lookahead`` (default 0: off) sends each scheduled claim that much ahead
+    of its time, at most a tenth of the job's lease and of its interval, so
+    that the claim's round trip is over when the slot comes: a slot won ahead
+    starts its handler at its time. Only for jobs with ``overlap="skip"`` (see
+    docs/concepts.md, "Claims sent ahead").
     """
 
     def __init__(
@@ -130,6 +135,7 @@ class Scheduler:
         inline: bool = False,
         resolve: Resolve | None = None,
         handler_threads: int | None = HANDLER_THREADS,
+        lookahead: Duration = 0.0,
     ) -> None:
         if clock is not None and handler_threads != HANDLER_THREADS:
             raise ConfigurationError(
@@ -149,6 +155,7 @@ class Scheduler:
             self._clock: Clock = clock or SystemClock(handler_threads)
         except ValueError as exc:
             raise ConfigurationError(str(exc)) from None
+        self._lookahead = check_lookahead(lookahead)
         self._wire(inline, seed, resolve, owns_store)
 
     @property
@@ -171,7 +178,7 @@ class Scheduler:
         runs = Runs(ctx, self._wake, inline)
         answers = Answers(ctx, runs)
         self._requests = requests = Requests(ctx, answers, self._stored.apply)
-        claims = Claims(ctx, answers, requests.waits_for_request, seed)
+        claims = Claims(ctx, answers, requests.waits_for_request, seed, self._lookahead)
         self._loop = Loop(
             ctx,
             runs=runs,

@@ -40,6 +40,7 @@ from anarchon_core import AnarchonError, ConfigurationError, JobOptions, Run
 from anarchon_core import Scheduler as Engine
 from anarchon_core.control import Definition
 from anarchon_core.durations import Duration, parse_duration
+from anarchon_core.engine.claims import check_lookahead
 from anarchon_core.handoff import DEFAULT_PICKUP, PICKUP_MARGIN, HandOff, dispatch
 from anarchon_core.jobs import DISPATCH_JITTER
 from anarchon_core.metrics import Metrics
@@ -127,6 +128,8 @@ class SchedulerHost(Middleware):
     ``jitter``, ``catch_up``: defaults of every periodic actor (see
     :class:`anarchon_core.JobOptions`). ``pickup``: how long a sent message may
     wait in the queue (must exceed every lease by more than a second).
+    ``lookahead``: claims sent that much ahead, each slot's message then sent
+    at its time (default 0: off; see the engine's ``lookahead``).
     ``scheduler=False``: host no scheduler; it runs elsewhere
     (``dramatiq-anarchon``). ``metrics_port``: serve Prometheus metrics,
     ``/healthz`` and ``/readyz`` from the process that runs the scheduler, on
@@ -147,7 +150,9 @@ class SchedulerHost(Middleware):
         scheduler: bool = True,
         metrics_port: int | None = None,
         metrics_host: str = "0.0.0.0",  # noqa: S104 - Prometheus and the kubelet scrape the pod
+        lookahead: Duration = 0.0,
     ) -> None:
+        self.lookahead = check_lookahead(lookahead)
         if metrics_port is not None:
             metrics_port = check_port(metrics_port, "metrics_port")
         if not isinstance(metrics_host, str) or not metrics_host:
@@ -205,6 +210,7 @@ class SchedulerHost(Middleware):
             catch_up=defaults.catch_up,
             inline=True,
             resolve=lambda definition: self._stored(broker, engine, definition),
+            lookahead=self.lookahead,
         )
         for spec in self.periodic.values():
             if spec.at is not None:  # a one-off: kept in the store until its time

@@ -59,6 +59,7 @@ class Anarchon(SchedulerHost, ExecutionTracking):
         scheduler: bool = True,
         metrics_port: int | None = None,
         metrics_host: str = "0.0.0.0",  # noqa: S104 - Prometheus and the kubelet scrape the pod
+        lookahead: Duration = 0.0,
     ) -> None:
         SchedulerHost.__init__(
             self,
@@ -71,5 +72,6 @@ class Anarchon(SchedulerHost, ExecutionTracking):
             scheduler=scheduler,
             metrics_port=metrics_port,
             metrics_host=metrics_host,
+            lookahead=lookahead,
         )
         ExecutionTracking.__init__(self, store=store)

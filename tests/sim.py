@@ -635,10 +635,15 @@ class Chaos:
         seconds: float = 300.0,
         faults: Iterable[str] = FAULTS,
         overlap: str | None = None,
+        lookahead: float = 0.0,
     ) -> None:
         self.seed = seed
         #: Every job's overlap policy (None: the default, ``skip``).
         self.overlap = overlap
+        #: Every instance's ``lookahead``: claims sent ahead of the slot's time.
+        self.lookahead = lookahead
+        #: Handlers begun before their slot's time by their instance's clock (j).
+        self.early: list[str] = []
         self.faults_on = frozenset(faults)
         unknown = self.faults_on - set(FAULTS)
         if unknown:
@@ -769,6 +774,7 @@ class Chaos:
             seed=self.rnd.getrandbits(32),
             listener=self._heard,
             lease=lease,
+            lookahead=self.lookahead,
         )
         for plan in self.jobs:
             handoff = plan.handoff and "handoff" in self.faults_on
@@ -785,8 +791,18 @@ class Chaos:
 
     # -- handlers and executors ---------------------------------------------
 
+    def _began(self, run: Run, inc: Incarnation) -> None:
+        """(j) no handler begins before its slot's time, by its instance's clock (a slot
+        won ahead, ``lookahead``, waits for it)."""
+        if inc.clock.time() < run.slot.timestamp() - 1e-6:
+            self.early.append(
+                f"(j) {run.slot_id} attempt {run.attempt} began on {inc.name}"
+                f" {run.slot.timestamp() - inc.clock.time():.3f}s before its time"
+            )
+
     def _handler(self, plan: Plan, inc: Incarnation) -> Callable[[Run], None]:
         def work(run: Run) -> None:
+            self._began(run, inc)
             belief = Belief(
                 run.job,
                 run.slot_id,
@@ -817,6 +833,7 @@ class Chaos:
 
     def _dispatcher(self, plan: Plan, inc: Incarnation) -> Callable[[Run], None]:
         def dispatch(run: Run) -> None:
+            self._began(run, inc)
             now = self.clock.time()
             pickup = inc.lease * 4
             run.hand_off(pickup)
@@ -990,6 +1007,8 @@ class Chaos:
             command += f" --faults {','.join(sorted(self.faults_on))}"
         if self.overlap is not None:
             command += f" --overlap {self.overlap}"
+        if self.lookahead:
+            command += f" --lookahead {self.lookahead:g}"
         return command
 
     # -- the invariants ----------------------------------------------------------
@@ -1012,7 +1031,9 @@ class Chaos:
     def _check(self, now: float) -> None:
         """(a) never two attempts of one slot believing they hold it at one instant, and
         never two slots of one record run at once by one instance: of one job, or, with
-        ``allow_all`` (whose slots run side by side), of one lane of it."""
+        ``allow_all`` (whose slots run side by side), of one lane of it. And (j)."""
+        if self.early:
+            raise Violation(self.early[0])
         holding: dict[str, Belief] = {}
         per_instance: dict[tuple[int, str], Belief] = {}
         running: dict[str, set[str]] = {}
@@ -1269,6 +1290,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="every job's overlap policy: buffer_one, buffer_all, cancel_other or allow_all"
         " (default: skip)",
     )
+    parser.add_argument(
+        "--lookahead", type=float, default=0.0, help="every instance's lookahead (seconds)"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
     seeds = [args.seed] if args.seed is not None else range(*map(int, args.seeds.split(":")))
@@ -1281,6 +1305,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             seconds=args.seconds,
             faults=args.faults.split(","),
             overlap=args.overlap,
+            lookahead=args.lookahead,
         )
         try:
             chaos.run()

@@ -21,11 +21,12 @@ import random
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 
+from ..durations import Duration, parse_duration, within
 from ..errors import Conflict, is_bug
 from ..events import EventKind
 from ..jobs import MAX_BUFFERED, Overlap
 from ..roles import Backup, JobRuntime
-from ..slots import Slot
+from ..slots import Slot, is_own_record
 from ..store import HISTORY, Claim, ClaimStatus, JobState, refusal
 from .context import Context
 from .pacing import Pacer
@@ -40,6 +41,20 @@ CLAIM_RETRY = 2.0
 REQUEST_WAIT = 0.1
 #: How many slot times' jitter draws are kept; past that, the older half is dropped.
 TICK_OFFSETS_KEPT = 4096
+#: The longest look-ahead of a job's claims, as a share of its lease and of its interval
+#: (see :meth:`Claims.lookahead_of`).
+LOOKAHEAD_SHARE = 0.1
+#: The longest ``lookahead`` a scheduler takes (seconds).
+MAX_LOOKAHEAD = 5.0
+
+
+def check_lookahead(value: Duration, name: str = "lookahead") -> float:
+    """A scheduler's ``lookahead`` in seconds, or a ConfigurationError naming ``name``."""
+    return within(
+        name, parse_duration(name, value), 0.0, MAX_LOOKAHEAD, "(a claim sent ahead is judged then)"
+    )
+
+
 #: The control entries asking the instance that runs a job's slot to stop it
 #: (``cancel/<job>/<token>``, ``overlap="cancel_other"``; see :mod:`.requests`).
 CANCEL = "cancel/"
@@ -95,7 +110,12 @@ class Answers:
             self._ctx.emit(
                 kind, slot=slot, attempt=holder.attempt, token=holder.token, detail=detail
             )
-            self._runs.begin(rt, slot, holder, sent)
+            # Never before the slot's time; a scheduled slot won ahead (the scheduler's
+            # lookahead) at the time its claim would have gone without it.
+            start = slot.time.timestamp()
+            if ask is Ask.SCHEDULED:
+                start = max(start, rt.start_at)
+            self._runs.begin(rt, slot, holder, sent, start)
         elif ask is Ask.BUFFERED and self._waits_on(rt, slot, claim):
             pass  # the run before it still holds the lease
         elif claim.status is ClaimStatus.ENDED:
@@ -384,10 +404,12 @@ class Claims:
         answers: Answers,
         waits_for_request: Callable[[JobRuntime, int], bool],
         seed: int | None = None,
+        lookahead: float = 0.0,
     ) -> None:
         self._ctx = ctx
         self._answers = answers
         self._waits_for_request = waits_for_request
+        self._lookahead = lookahead
         self._random = random.Random(seed)
         self._tick_offsets: dict[int, float] = {}
 
@@ -487,7 +509,21 @@ class Claims:
             if len(self._tick_offsets) > TICK_OFFSETS_KEPT:
                 for old in sorted(self._tick_offsets)[: TICK_OFFSETS_KEPT // 2]:
                     del self._tick_offsets[old]
-        rt.place(offset, deferred=self._ctx.peers.preferred(rt, slot_ms) is not None)
+        deferred = self._ctx.peers.preferred(rt, slot_ms) is not None
+        rt.place(offset, deferred, self.lookahead_of(rt))
+
+    def lookahead_of(self, rt: JobRuntime) -> float:
+        """How long before its time ``rt``'s scheduled claim goes: the scheduler's
+        ``lookahead``, at most :data:`LOOKAHEAD_SHARE` of the job's lease and of its
+        interval; none for a job whose slots may wait for one another or run side by
+        side (an overlap policy other than ``skip``), nor for a backfill."""
+        lookahead = self._lookahead
+        if not lookahead:
+            return 0.0
+        job = rt.job
+        if job.rules.overlap is not Overlap.SKIP or not is_own_record(job.name):
+            return 0.0
+        return min(lookahead, LOOKAHEAD_SHARE * job.options.lease, LOOKAHEAD_SHARE * job.interval)
 
     def advance(self, rt: JobRuntime, slot: Slot) -> None:
         """Place ``rt``'s slot after ``slot``."""
@@ -555,22 +591,30 @@ class Claims:
         runs_in = [self._runs_in(rt, slot) for rt, slot in batch]
         claims = self._send(runs_in)
         version = peers.version
-        for (rt, _), claim in zip(batch, claims, strict=True):
+        ahead: set[int] = set()
+        for i, ((rt, _), claim) in enumerate(zip(batch, claims, strict=True)):
             if isinstance(claim, Exception):
                 rt.claim_at = now + CLAIM_RETRY  # within its catch-up window
-            else:
-                peers.learn(claim, rt.preferred if rt.deferred else None)
+                continue
+            peers.learn(claim, rt.preferred if rt.deferred else None)
+            if now < rt.start_at and claim.status in (ClaimStatus.BUSY, ClaimStatus.PAUSED):
+                # Sent ahead (lookahead), and refused for the job's state: a run that
+                # holds the lease, or a pause, is judged when the claim would have gone
+                # without the look-ahead, as it always was: claimed again then.
+                ahead.add(i)
         # The handlers of the slots won start first; then each job's next slot is
         # placed, once the batch taught what it could of the peers.
         try:
-            for (run_rt, run_slot), claim in zip(runs_in, claims, strict=True):
-                if not isinstance(claim, Exception):
+            for i, ((run_rt, run_slot), claim) in enumerate(zip(runs_in, claims, strict=True)):
+                if not isinstance(claim, Exception) and i not in ahead:
                     self._answers.act(run_rt, run_slot, claim, sent, Ask.SCHEDULED)
         finally:
-            for (rt, slot), claim in zip(batch, claims, strict=True):
+            for i, ((rt, slot), claim) in enumerate(zip(batch, claims, strict=True)):
                 if isinstance(claim, Exception) or rt.removed:
                     continue
-                if claim.status is not ClaimStatus.ENDED:  # an ended job has no next slot
+                if i in ahead:
+                    rt.claim_at = rt.start_at
+                elif claim.status is not ClaimStatus.ENDED:  # an ended job has no next slot
                     self.advance(rt, slot)
         if peers.version != version:
             self.replace_deferred()

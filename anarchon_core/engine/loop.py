@@ -119,6 +119,9 @@ class Loop:
         two (see :mod:`.pacing`): renewals and finishes never wait behind them.
         """
         self._runs.lag.reset()
+        # Start the handlers of the slots won ahead whose time has come, before anything
+        # else (their claims' round trips were done before).
+        self._runs.start_due()
         # Finish: runs whose handler returned since the last step are finished first:
         # the claim of their job's next slot would otherwise find their lease live and
         # skip that slot as an overlap (and renewing them would be wasted).
@@ -161,6 +164,7 @@ class Loop:
         unless the oldest has waited long (:data:`~.pacing.END_HOLD_SHARE`), so that
         they go in few calls; the leases due are renewed all the same.
         """
+        self._runs.start_due()
         now_mono = self._ctx.clock.monotonic()
         if not between_chunks or self._runs.ends_due(now_mono):
             self._runs.finish()
@@ -203,6 +207,9 @@ class Loop:
             claim_at, check_at = agenda.claims.next_at(), agenda.checks.next_at()
         if claim_at is not None:
             delays.append(claim_at - now)
+        start_at = self._runs.next_start()
+        if start_at is not None:
+            delays.append(start_at - now)
         if check_at is not None:
             delays.append(check_at - now_mono)
         for rt in self._ctx.table.held():

@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import heapq
 import inspect
+import itertools
 import logging
 import threading
 from typing import Any
@@ -65,16 +67,24 @@ class Runs:
         #: Pauses owed to ``pause_on_failure`` jobs whose run ended failed, by job: sent
         #: after the ends, again at each step until the store takes them.
         self._pauses: dict[str, PauseReason] = {}
+        #: Runs won ahead of their time (the scheduler's ``lookahead``), by when their
+        #: handler starts (wall-clock): (start, order, runtime, runner).
+        self._waiting: list[tuple[float, int, JobRuntime, Runner]] = []
+        self._order = itertools.count()
 
     # -- beginning and executing ---------------------------------------------
 
-    def begin(self, rt: JobRuntime, slot: Slot, holder: JobState, sent: float) -> None:
+    def begin(
+        self, rt: JobRuntime, slot: Slot, holder: JobState, sent: float, start_at: float = 0.0
+    ) -> None:
         """Become the runner of ``slot``, whose lease ``holder`` grants, and run its handler.
 
         ``sent`` is when the claim or takeover was sent: the lease is held from
         then, by this instance's clock. A run this instance still held for an
         older slot of the job is told it lost (its own lease lapsed, or the new
-        claim could not have won).
+        claim could not have won). The handler starts at ``start_at`` (wall-clock),
+        at once if that has come: a slot won ahead of its time waits for it, its
+        lease renewed meanwhile (:meth:`start_due`).
         """
         ctx = self._ctx
         leases, token, key = ctx.gateway.leases, holder.token, rt.job.name
@@ -97,6 +107,11 @@ class Runs:
             if not previous.reported:
                 self.emit_lost(previous)
         runner = rt.runner = Runner.start(slot, run, sent, rt.options)
+        ahead = start_at - ctx.clock.time()
+        if ahead > 0:
+            runner.due = ctx.clock.monotonic() + ahead
+            heapq.heappush(self._waiting, (start_at, next(self._order), rt, runner))
+            return
         self._too_late_to_start(runner, rt)
         if run.lost:
             # The claim's answer came after the lease it granted could be relied on
@@ -113,10 +128,32 @@ class Runs:
             except Exception as exc:  # its lease lapses instead; the claims after it go on
                 log.warning("anarchon: could not give %s back: %s", slot.id, describe(exc))
             return
+        self._start(rt, runner)
+
+    def start_due(self) -> None:
+        """Start the handlers of the runs won ahead whose time has come. A run this
+        instance no longer holds (handed over, superseded) is left alone; one lost
+        meanwhile ends without its handler, as any (:meth:`_execute`)."""
+        waiting = self._waiting
+        if not waiting:
+            return
+        now = self._ctx.clock.time()
+        while waiting and waiting[0][0] <= now:
+            _, _, rt, runner = heapq.heappop(waiting)
+            if rt.runner is runner and not runner.returned:
+                self._start(rt, runner)
+
+    def next_start(self) -> float | None:
+        """When the next handler of a run won ahead starts (wall-clock), or None."""
+        return self._waiting[0][0] if self._waiting else None
+
+    def _start(self, rt: JobRuntime, runner: Runner) -> None:
+        """Run ``runner``'s handler: inline, or on a pooled thread."""
         if self._inline:
             self._execute(rt, runner)
             return
-        thread = ctx.clock.spawn(lambda: self._execute(rt, runner), f"anarchon:{run.slot_id}")
+        run = runner.run
+        thread = self._ctx.clock.spawn(lambda: self._execute(rt, runner), f"anarchon:{run.slot_id}")
         self._threads.append(thread)
         if len(self._threads) > 2 * self._pruned_at + 64:
             self._threads = [t for t in self._threads if t.is_alive()]
@@ -125,7 +162,7 @@ class Runs:
     def _too_late_to_start(self, runner: Runner, rt: JobRuntime) -> bool:
         """Whether more than :data:`~.pacing.START_SHARE` of the run's lease passed since
         its claim was sent: then its handler does not start (the run is marked lost)."""
-        waited = self._ctx.clock.monotonic() - runner.granted
+        waited = self._ctx.clock.monotonic() - max(runner.granted, runner.due)
         if waited <= START_SHARE * rt.options.lease:
             return False
         runner.run.mark_lost(

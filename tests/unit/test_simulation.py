@@ -17,7 +17,9 @@ the runs of a job's slots go on side by side, each in its lane's record: (a)
 and (e) still hold per slot (a slot's claims compared by record and token), the
 one-run-at-a-time rule of an instance holds per lane, (c) holds as for any job
 (a crashed run taken over), and (i) a slot is skipped as an overlap only while
-its lane holds the run of the slot 16 intervals older. The long soak is
+its lane holds the run of the slot 16 intervals older. Always, (j) no handler begins
+before its slot's time by its instance's clock; with ``--lookahead``, claims go ahead of
+their slots and every invariant holds as without. The long soak is
 ``python -m tests.sim --seeds 0:1000`` (see docs/failure-scenarios.md).
 """
 
@@ -33,6 +35,7 @@ from anarchon_core import jobs
 from anarchon_core.engine import pacing, table
 from anarchon_core.engine.backups import Backups
 from anarchon_core.engine.loop import Loop
+from anarchon_core.engine.runs import Runs
 from anarchon_core.engine.table import JobTable
 from anarchon_core.events import EventKind
 from anarchon_core.slots import LANE, LANES
@@ -109,10 +112,12 @@ def test_allow_all_runs_slots_side_by_side_keeping_every_invariant() -> None:
     assert long_jobs >= 4 and seen_together == long_jobs
 
 
-def first_violation(faults: list[str], seeds: range = range(30), overlap: str | None = None) -> str:
+def first_violation(
+    faults: list[str], seeds: range = range(30), overlap: str | None = None, lookahead: float = 0
+) -> str:
     for seed in seeds:
         try:
-            Chaos(seed, seconds=600, faults=faults, overlap=overlap).run()
+            Chaos(seed, seconds=600, faults=faults, overlap=overlap, lookahead=lookahead).run()
         except Violation as exc:
             return str(exc)
     raise AssertionError(f"no seed of {seeds} found a violation with {faults}")
@@ -180,6 +185,31 @@ def test_allow_all_broken_lanes_are_caught(
     break_lanes(monkeypatch)
     found = first_violation(list(FAULTS), overlap="allow_all")
     assert any(letter in found for letter in caught) and "--overlap allow_all" in found
+
+
+@pytest.mark.timeout(600)  # eight ten-minute seeds: about 7 s on an idle core
+def test_claims_sent_ahead_keep_every_invariant() -> None:
+    ahead = 0
+    for seed in range(8):
+        chaos = Chaos(seed, seconds=600, lookahead=1.0)
+        chaos.run()
+        ahead += sum(
+            1 for slot, won in chaos.claimed.items() if won < int(slot.rsplit("@", 1)[1]) / 1000
+        )
+    # Slots were won ahead of their time (their handlers then waited for it).
+    assert ahead > 100
+
+
+def test_a_handler_begun_before_its_slots_time_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """(j): a slot won ahead whose handler starts at once instead of at its time."""
+    begin = Runs.begin
+
+    def at_once(self: Runs, *args: object) -> None:
+        begin(self, *args[:4])  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Runs, "begin", at_once)
+    found = first_violation(list(FAULTS), seeds=range(3), lookahead=1.0)
+    assert "(j)" in found and "before its time" in found and "--lookahead 1" in found
 
 
 def test_a_scheduling_step_that_raises_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
