@@ -178,15 +178,28 @@ class Fleet:
             and (slot_id is None or x["slot_id"] == slot_id)
         ]
 
-    def first_start(self, timeout: float = 75) -> Line:
-        """The first run; if slow starts missed the first slot, the next one (up to 60 s on)."""
+    def first_start(self, timeout: float = 75, after: float = 0.0) -> Line:
+        """The first run (of a slot due after ``after``); if slow starts missed the first
+        slot, the next one (up to 60 s on)."""
         found: list[Line] = wait_until(
-            self.watch(lambda ls: [line for line in ls if line["kind"] == "start"]),
+            self.watch(
+                lambda ls: [
+                    line
+                    for line in ls
+                    if line["kind"] == "start" and slot_seconds(line["slot_id"]) > after
+                ]
+            ),
             timeout,
             "a first run",
             seen=self.tail,
         )
         return found[0]
+
+    def all_up(self) -> float:
+        """When the last of the instances running now reported it was up."""
+        return max(
+            x["t"] for x in self.lines() if x["kind"] == "up" and x["instance"] in self.procs
+        )
 
     def tail(self) -> str:
         """The report's last lines and the end of every log: what a failed wait shows."""
