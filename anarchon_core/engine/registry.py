@@ -121,6 +121,8 @@ class Declaring:
         #: Per job name: the job object written down, and its schedule as written.
         self._written: dict[str, tuple[Job, SpecText]] = {}
         self._copy: Copy | None = None
+        #: The job table's version the copy was worked out at.
+        self._copy_version = -1
         #: The digest whose copy the store keeps whole, as last seen.
         self._kept: str | None = None
         #: When to check the copy and sweep next, and to read it whole (monotonic).
@@ -191,7 +193,12 @@ class Declaring:
         self._announced = {d for d in digests if isinstance(d, str)}
 
     def _copy_of_jobs(self) -> Copy:
-        """The copy of the jobs declared now (backfills and removed jobs left out)."""
+        """The copy of the jobs declared now (backfills and removed jobs left out); worked
+        out again only once a job was declared or removed since."""
+        table = self._ctx.table
+        if self._copy is not None and self._copy_version == table.version:
+            return self._copy
+        self._copy_version = table.version
         known = self._written
         changed = self._copy is None
         names: set[str] = set()

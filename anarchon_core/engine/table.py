@@ -33,6 +33,10 @@ class JobTable:
         self._seq = itertools.count()
         #: Per lane's runtime (``overlap="allow_all"``), the job its own was made from.
         self._lane_of: dict[str, Job] = {}
+        #: Counts the declarations and removals: what is worked out from the jobs
+        #: declared (their number, the registry's copy) is kept until it moves.
+        self.version = 0
+        self._count: tuple[int, int] = (-1, 0)
 
     def add(self, job: Job) -> JobRuntime:
         """Declare ``job``; a job of that name removed while its last run goes on comes back."""
@@ -48,6 +52,7 @@ class JobTable:
                 rt = existing
                 rt.job, rt.removed, rt.ready, rt.broken = job, False, False, None
             self._unplaced[job.name] = rt
+            self.version += 1
             return rt
 
     def remove(self, name: str) -> None:
@@ -56,6 +61,7 @@ class JobTable:
         Its lanes (``overlap="allow_all"``) go with it, each once its run ended."""
         with self.lock:
             rt = self._runtimes[name]
+            self.version += 1
             lanes = [self._runtimes.get(lane) for lane in lane_records(name)]
             for each in [rt, *lanes]:
                 if each is None:
@@ -73,6 +79,7 @@ class JobTable:
             if self._runtimes.get(rt.job.name) is rt:
                 del self._runtimes[rt.job.name]
                 self._lane_of.pop(rt.job.name, None)
+                self.version += 1
 
     def get(self, name: str) -> JobRuntime | None:
         with self.lock:
@@ -86,7 +93,11 @@ class JobTable:
         """How many jobs are declared (or removed with a run going on): their
         backfills' and lanes' records left out."""
         with self.lock:
-            return sum(1 for name in self._runtimes if is_own_record(name))
+            version, count = self._count
+            if version != self.version:
+                count = sum(1 for name in self._runtimes if is_own_record(name))
+                self._count = (self.version, count)
+            return count
 
     def runtimes(self) -> list[JobRuntime]:
         """Every job's runtime, removed ones with a run going on included."""

@@ -175,6 +175,35 @@ def test_a_change_of_jobs_is_a_new_copy_and_the_copy_nobody_announces_goes(
     assert list(Control(store).declarations().jobs) == ["report", "tick"]
 
 
+def test_steps_with_the_same_jobs_do_not_walk_them_again(
+    store: MemoryStore, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The copy of the jobs an instance announces is worked out once per declaration or
+    removal, not at each announcement: between slots, a step costs the same whatever the
+    number of jobs."""
+    a = instance(store, clock, "a", **{f"job{n}": {"every": HOUR} for n in range(1000)})
+    walks: list[int] = []
+    table = a._table
+    walk = table.runtimes
+    monkeypatch.setattr(table, "runtimes", lambda: walks.append(1) or walk())
+    run_for(clock, 1, a)
+    first = digests(store)["a"]
+    assert len(walks) == 1 and first
+    # Ten minutes of steps, announcements and checks, no slot due: the jobs not walked.
+    run_for(clock, 600, a)
+    assert len(walks) == 1 and digests(store)["a"] == first
+    assert len(a.jobs) == 1000
+    # A job removed, then declared again: each a new copy, worked out once.
+    a.remove_job("job7")
+    run_for(clock, ANNOUNCE_EVERY + 1, a)
+    assert len(walks) == 2 and digests(store)["a"] != first
+    assert "job7" not in Control(store).declarations().jobs and len(a.jobs) == 999
+    a.add_job(noop, name="job7", every=HOUR)
+    run_for(clock, ANNOUNCE_EVERY + 1, a)
+    assert len(walks) == 3 and digests(store)["a"] == first
+    assert "job7" in Control(store).declarations().jobs
+
+
 def test_a_copy_removed_from_the_store_is_written_again(
     store: MemoryStore, clock: FakeClock
 ) -> None:
