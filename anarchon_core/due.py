@@ -1,13 +1,16 @@
 """Jobs ordered by when something is next due for them, so that a step's cost
 does not grow with the jobs that are not due.
 
-:class:`DueIndex` is a heap of (time, job) with lazy deletion: each job has
-at most one live entry, the earliest time it was scheduled at. A job whose
-time moved later keeps its entry until it comes up, and is then put back at
-its current time; a job whose time moved earlier gets a new entry. The
-engine keeps one index of claims (wall-clock times) and one of backup checks
-(monotonic times); each entry asks the engine, when it comes up, for the
-job's current time.
+:class:`DueIndex` keeps, per time, the jobs due then (in the order they were
+scheduled), and a heap of the distinct times, with lazy deletion: each job
+has at most one live entry, the earliest time it was scheduled at. A job
+whose time moved later keeps its entry until it comes up, and is then put
+back at its current time; a job whose time moved earlier gets a new entry.
+Jobs on one grid share their times, so that the jobs of a tick come up
+together, in one pop of the heap, whatever their number. The engine keeps
+one index of claims (wall-clock times) and one of backup checks (monotonic
+times); each entry asks the engine, when it comes up, for the job's current
+time.
 """
 
 from __future__ import annotations
@@ -23,10 +26,13 @@ if TYPE_CHECKING:
 class DueIndex:
     """Job names by the time something is next due for them."""
 
-    __slots__ = ("_heap", "_live")
+    __slots__ = ("_at", "_live", "_times")
 
     def __init__(self) -> None:
-        self._heap: list[tuple[float, str]] = []
+        #: The distinct times of the entries, a heap.
+        self._times: list[float] = []
+        #: The jobs of each time's entries, in the order they were scheduled.
+        self._at: dict[float, list[str]] = {}
         #: The time of each job's live entry.
         self._live: dict[str, float] = {}
 
@@ -40,7 +46,12 @@ class DueIndex:
         live = self._live.get(job)
         if live is None or at < live:
             self._live[job] = at
-            heapq.heappush(self._heap, (at, job))
+            jobs = self._at.get(at)
+            if jobs is None:
+                self._at[at] = [job]
+                heapq.heappush(self._times, at)
+            else:
+                jobs.append(job)
 
     def pop_due(self, now: float, current: Callable[[str], float | None]) -> list[str]:
         """The jobs due at ``now``, in the order of their times, taken out of the index.
@@ -50,27 +61,36 @@ class DueIndex:
         time. The caller schedules the jobs it was given again once it dealt
         with them.
         """
-        heap, live, due = self._heap, self._live, []
-        while heap and heap[0][0] <= now:
-            at, job = heapq.heappop(heap)
-            if live.get(job) != at:
-                continue  # superseded by an earlier entry of the same job
-            del live[job]
-            actual = current(job)
-            if actual is None:
-                continue
-            if actual > now:
-                self.schedule(job, actual)
-            else:
-                due.append(job)
+        times, by_time, live, due = self._times, self._at, self._live, []
+        while times and times[0] <= now:
+            at = heapq.heappop(times)
+            for job in by_time.pop(at):
+                if live.get(job) != at:
+                    continue  # superseded by an earlier entry of the same job, or done
+                del live[job]
+                actual = current(job)
+                if actual is None:
+                    continue
+                if actual > now:
+                    self.schedule(job, actual)
+                else:
+                    due.append(job)
         return due
 
     def next_at(self) -> float | None:
         """The earliest time in the index (a job may turn out later then), or ``None``."""
-        heap, live = self._heap, self._live
-        while heap and live.get(heap[0][1]) != heap[0][0]:
-            heapq.heappop(heap)
-        return heap[0][0] if heap else None
+        times, by_time, live = self._times, self._at, self._live
+        while times:
+            at = times[0]
+            jobs = by_time[at]
+            if live.get(jobs[0]) == at:
+                return at
+            jobs[:] = [job for job in jobs if live.get(job) == at]
+            if jobs:
+                return at
+            heapq.heappop(times)
+            del by_time[at]
+        return None
 
 
 class Agenda:
