@@ -67,7 +67,9 @@ def main() -> None:
     parser.add_argument("--every", type=float, required=True)
     parser.add_argument("--cron", help="a cron expression instead of --every")
     parser.add_argument("--jitter", type=float, default=0.0)
+    parser.add_argument("--lookahead", type=float, default=0.0)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--launched", type=float, help="when the runner launched it (epoch s)")
     args = parser.parse_args()
 
     counts: Counter[str] = Counter()
@@ -81,7 +83,7 @@ def main() -> None:
         with lock:
             runs.append((run.slot_id, run.slot.timestamp(), started))
 
-    cron = Scheduler(store, instance=args.name, jitter=args.jitter)
+    cron = Scheduler(store, instance=args.name, jitter=args.jitter, lookahead=args.lookahead)
     for n in range(args.jobs):
         if args.cron:
             cron.add_job(handler, name=f"job{n:05d}", cron=args.cron)
@@ -102,6 +104,16 @@ def main() -> None:
 
     signal.signal(signal.SIGUSR1, on_mark)
     cron.start()
+    # Ready: the first step placed every job and the store answered it; the start-up
+    # time is from the runner's launch of this process (--launched) to then.
+    ready: dict[str, float] = {}
+
+    def await_ready() -> None:
+        while not stop.is_set() and not cron.health().ready:
+            time.sleep(0.05)
+        ready["at"] = time.time()
+
+    threading.Thread(target=await_ready, daemon=True).start()
     with open(args.out + ".ready", "w"):
         pass  # the runner starts counting slots once every instance runs
     stop.wait()
@@ -115,6 +127,8 @@ def main() -> None:
         calls = dict(counts - mark["counts"])
         events = dict(Counter(cron.stats) - mark.get("events", Counter()))
         stats = {"calls": calls, "cpu": cpu, "wall": wall, "rss_mb": rss, "events": events}
+        if args.launched is not None and "at" in ready:
+            stats["startup"] = ready["at"] - args.launched
         out.write(json.dumps({"stats": stats}) + "\n")
 
 

@@ -19,9 +19,13 @@ One case::
 The suite, each part a table of docs/benchmarks.md (``engine``: the cases of
 :data:`SUITE`; ``overload``: the cases of :data:`OVERLOAD`, more jobs than the
 fleet keeps up with; ``failover``: benchmarks/failover.py; ``celery``:
-benchmarks/celery_beat.py; ``apscheduler``: benchmarks/apscheduler_peer.py
-beside anarchon on PostgreSQL; ``django``: benchmarks/django_beat.py,
-django-celery-beat's rows; ``once``: benchmarks/once.py, 100,000 pending one-offs);
+benchmarks/celery_beat.py; ``scale``: the cases of :data:`SCALE`, 100,000 jobs x
+10 instances on a Redis Cluster and on PostgreSQL; ``apscheduler``:
+benchmarks/apscheduler_peer.py beside anarchon on PostgreSQL; ``django``: benchmarks/django_beat.py,
+django-celery-beat's rows; ``once``: benchmarks/once.py, 100,000 pending one-offs;
+``cost``: benchmarks/cost.py, the engine's CPU per job per tick, in-process;
+``lookahead``: lateness with a store 5 and 20 ms further away, with and without
+claims sent ahead, benchmarks/delay.py);
 it needs the ``bench`` dependency group::
 
     .venv/bin/python -m benchmarks.run --suite --write docs/benchmarks.md
@@ -31,6 +35,7 @@ it needs the ``bench`` dependency group::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -47,6 +52,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+from benchmarks import plots
 
 REDIS = "redis://127.0.0.1:6379/0"
 POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
@@ -77,6 +84,20 @@ SQL: list[tuple[Any, ...]] = [
 #: PostgreSQL (same tuple as :data:`SUITE`). Every minute the fleet has far more
 #: claims to send, and ends to record, than it can within a lease: slots may
 #: start late, or be missed, but none may run twice.
+#: The look-ahead part: 1,000 jobs every 10 s x 3 instances on Redis, the store reached
+#: directly and through a relay adding 5 ms and 20 ms of round trip, and on PostgreSQL,
+#: each without and with ``lookahead=0.5`` (a tenth of the default lease, the most it
+#: may be): (store, round trip added, lookahead).
+LOOKAHEAD: list[tuple[str, float, float]] = [
+    (REDIS, rtt, ahead) for rtt in (0.0, 0.005, 0.020) for ahead in (0.0, 0.5)
+] + [(POSTGRES, 0.0, ahead) for ahead in (0.0, 0.5)]
+#: The scale part: 100,000 jobs every minute x 10 instances for 10 minutes, on a Redis
+#: Cluster of three primaries (started by the part: ``CLUSTER``) and on PostgreSQL.
+CLUSTER = "cluster"
+SCALE: list[tuple[Any, ...]] = [
+    (CLUSTER, 100000, 10, 60.0, 600, 0.0),
+    (POSTGRES, 100000, 10, 60.0, 600, 0.0),
+]
 OVERLOAD: list[tuple[Any, ...]] = [
     (REDIS, 100000, 3, 60.0, 180, 0.0),
     (POSTGRES, 100000, 3, 60.0, 180, 0.0),
@@ -103,6 +124,8 @@ class Result:
     pg_per_slot: float | None = None
     #: The events of every instance over the whole run, by kind.
     events: Counter[str] = field(default_factory=Counter)
+    #: Each instance's start-up: from its launch to its first step done (seconds).
+    startup: list[float] = field(default_factory=list)
 
     def row(self, peer: bool = False) -> str:
         """The table's row; ``peer``: with the SQL server's transactions per slot last."""
@@ -143,19 +166,25 @@ def run_case(
     jitter: float,
     cron: str | None = None,
     profile: Path | None = None,
+    lookahead: float = 0.0,
+    via: str | None = None,
 ) -> Result:
     """Run one case; with ``profile``, py-spy samples the first instance over the
-    measured window into that file (raw, one stack per line; see :func:`top_frames`)."""
+    measured window into that file (raw, one stack per line; see :func:`top_frames`).
+    ``lookahead``: the instances' (``Scheduler(lookahead=)``); ``via``: the store URL the
+    instances use, when not ``store`` itself (a relay in front of it)."""
     namespace = f"bench-{uuid.uuid4().hex[:8]}"
     tmp = Path(tempfile.mkdtemp(prefix="anarchon-bench-"))
     procs: list[tuple[subprocess.Popen[bytes], Path]] = []
     try:
         for k in range(instances):
             out = tmp / f"i{k}.jsonl"
-            argv = [sys.executable, "-m", "benchmarks.instance", "--store", store]
+            argv = [sys.executable, "-m", "benchmarks.instance", "--store", via or store]
             argv += ["--namespace", namespace, "--name", f"i{k}", "--jobs", str(jobs)]
             argv += ["--every", str(every), "--jitter", str(jitter), "--out", str(out)]
             argv += ["--cron", cron] if cron else []
+            argv += ["--lookahead", str(lookahead)] if lookahead else []
+            argv += ["--launched", str(time.time())]
             procs.append((subprocess.Popen(argv, cwd=Path(__file__).parents[1]), out))
         return _measure(procs, store, namespace, jobs, instances, every, seconds, cron, profile)
     finally:
@@ -222,6 +251,7 @@ def _measure(
     lateness: list[float] = []
     calls = cpu = rss = 0.0
     wall = 0.0
+    startup: list[float] = []
     for k, (_, out) in enumerate(procs):
         for line in out.read_text().splitlines():
             record = json.loads(line)
@@ -232,6 +262,8 @@ def _measure(
                 wall = max(wall, stats["wall"])
                 rss = max(rss, stats["rss_mb"])
                 events.update(stats.get("events", {}))
+                if stats.get("startup") is not None:
+                    startup.append(stats["startup"])
                 continue
             if due and first <= record["at"] <= due[-1]:
                 runs[record["slot"]] += 1
@@ -258,6 +290,7 @@ def _measure(
         cron,
         commits / total if store.startswith(("postgres", "mysql")) else None,
         events,
+        sorted(startup),
     )
 
 
@@ -344,7 +377,19 @@ def _drop(store: str, namespace: str) -> None:
 
 
 #: The parts of the suite: each a table of its own in docs/benchmarks.md.
-PARTS = ("engine", "sql", "overload", "failover", "celery", "apscheduler", "django", "once")
+PARTS = (
+    "engine",
+    "cost",
+    "lookahead",
+    "sql",
+    "overload",
+    "scale",
+    "failover",
+    "celery",
+    "apscheduler",
+    "django",
+    "once",
+)
 #: The engine's cases profiled with py-spy (their first instance, over the window).
 PROFILED = {(REDIS, 1000, 3), (REDIS, 10000, 10), (POSTGRES, 10000, 3)}
 
@@ -354,6 +399,10 @@ UNUSUAL = ("overlap", "finish_refused", "catch_up", "missed", "lost", "takeover"
 #: The overload part's table: the engine's, and the unusual events of every instance.
 _HEAD, _RULE = HEADER.splitlines()
 OVERLOAD_HEADER = f"{_HEAD} Unusual events |\n{_RULE}---|"
+#: The scale part's table: the engine's, an instance's start-up, and the unusual events.
+SCALE_HEADER = (
+    f"{_HEAD} Start-up of an instance, median / max (s) | Unusual events |\n{_RULE}---|---|"
+)
 #: The SQL part's table: the engine's, and the transactions committed per slot run.
 SQL_HEADER = f"{_HEAD} Transactions per slot |\n{_RULE}---|"
 #: The profiles of the last engine part: (case, rows of :func:`top_frames`).
@@ -398,6 +447,23 @@ def suite_part(part: str) -> tuple[str, list[str]]:
             rows.append(f"{result.row()} {unusual or 'none'} |")
             print(rows[-1], flush=True)
         return OVERLOAD_HEADER, rows
+    if part == "scale":
+        from benchmarks.cluster import redis_cluster
+
+        print(SCALE_HEADER, flush=True)
+        rows = []
+        for case in SCALE:
+            with contextlib.ExitStack() as stack:
+                store = case[0]
+                if store == CLUSTER:
+                    store = stack.enter_context(redis_cluster())
+                result = run_case(store, *case[1:])
+            up = result.startup
+            shown = f"{up[len(up) // 2]:.1f} / {up[-1]:.1f}" if up else "-"
+            unusual = ", ".join(f"{k} {result.events[k]}" for k in UNUSUAL if result.events[k])
+            rows.append(f"{result.row()} {shown} | {unusual or 'none'} |")
+            print(rows[-1], flush=True)
+        return SCALE_HEADER, rows
     if part == "failover":
         from benchmarks import failover
 
@@ -406,6 +472,27 @@ def suite_part(part: str) -> tuple[str, list[str]]:
         from benchmarks import celery_beat
 
         return celery_beat.HEADER, celery_beat.run(entries=1000, seconds=60)
+    if part == "lookahead":
+        from benchmarks.delay import relay
+
+        header = f"| Round trip added | Look-ahead {_HEAD}\n|---|---{_RULE}"
+        print(header, flush=True)
+        rows = []
+        for store, rtt, ahead in LOOKAHEAD:
+            with contextlib.ExitStack() as stack:
+                via = None
+                if rtt:
+                    port = stack.enter_context(relay("127.0.0.1:6379", rtt))
+                    via = f"redis://127.0.0.1:{port}/0"
+                result = run_case(store, 1000, 3, 10.0, 60, 0.0, lookahead=ahead, via=via)
+            rows.append(f"| {rtt * 1000:g} ms | {ahead:g} s {result.row()}")
+            print(rows[-1], flush=True)
+        return header, rows
+    if part == "cost":
+        from benchmarks import cost
+
+        print(cost.HEADER, flush=True)
+        return cost.HEADER, cost.run()
     if part == "once":
         from benchmarks import once
 
@@ -465,6 +552,8 @@ def main(argv: list[str] | None = None) -> int:
                 block = f"{title}:\n\n| Function | Samples in it and below | In it alone |"
                 block += "\n|---|---|---|"
                 _write(Path(args.write), f"profile {title}", block, frames, command)
+    if args.write and any(part in plots.PARTS for part in parts):
+        plots.draw(Path(args.write))  # the growth curves, from the tables as they are now
     return 0
 
 
