@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import re
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,77 +73,89 @@ def rows(page: str) -> list[Row]:
     return found
 
 
+#: What each plot shows: (title, the row's value, on a log scale).
+METRICS: tuple[tuple[str, Callable[[Row], float], bool], ...] = (
+    ("Lateness p99 (ms)", lambda r: r.p99_ms, True),
+    ("Lateness p50 (ms)", lambda r: r.p50_ms, True),
+    ("CPU per instance (% of a core)", lambda r: r.cpu, True),
+    ("Store calls per instance per tick", lambda r: r.calls, False),
+)
+
+
 def draw(page: Path) -> list[Path]:
     """Draw the growth curves of ``page``'s tables beside it; the images written."""
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     found = [r for r in rows(page.read_text()) if not r.every.startswith("`")]  # not cron
     folder = page.parent / IMAGES
     folder.mkdir(exist_ok=True)
-    written = []
-
-    metrics = (
-        ("Lateness p99 (ms)", lambda r: r.p99_ms, True),
-        ("Lateness p50 (ms)", lambda r: r.p50_ms, True),
-        ("CPU per instance (% of a core)", lambda r: r.cpu, True),
-        ("Store calls per instance per tick", lambda r: r.calls, False),
+    by_jobs = _figure(
+        found,
+        key=lambda r: (r.store, r.instances),
+        label=lambda k: f"{k[0]} x {k[1]}",
+        x=lambda r: r.jobs,
+        xlabel="jobs",
+        title="Growth with jobs (every 10 s; 100,000 jobs: every 60 s)",
+        path=folder / BY_JOBS,
     )
+    by_instances = _figure(
+        found,
+        key=lambda r: (r.store, r.jobs),
+        label=lambda k: f"{k[0]}, {k[1]:,} jobs",
+        x=lambda r: r.instances,
+        xlabel="instances",
+        title="Growth with instances",
+        path=folder / BY_INSTANCES,
+        ticks=[1, 3, 10],
+        alone=False,
+    )
+    return [by_jobs, by_instances]
 
-    # Against the number of jobs: one line per store and number of instances.
+
+def _figure(
+    found: list[Row],
+    *,
+    key: Callable[[Row], tuple[str, int]],
+    label: Callable[[tuple[str, int]], str],
+    x: Callable[[Row], int],
+    xlabel: str,
+    title: str,
+    path: Path,
+    ticks: list[int] | None = None,
+    alone: bool = True,
+) -> Path:
+    """One image: a plot per metric of :data:`METRICS` against ``x``, a line per ``key``
+    (a case of its own drawn as a point if ``alone``, else left out)."""
+    import matplotlib.pyplot as plt
+
     series: dict[tuple[str, int], list[Row]] = defaultdict(list)
     for r in found:
-        series[(r.store, r.instances)].append(r)
-    fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.8))
-    for ax, (title, value, log) in zip(axes, metrics, strict=True):
-        for (store, instances), points in sorted(series.items()):
-            points = sorted(points, key=lambda p: p.jobs)
-            label = f"{store} x {instances}"
-            style = "o-" if len(points) > 1 else "s"  # a case of its own: a point
-            ax.plot([p.jobs for p in points], [value(p) for p in points], style, label=label)
-        ax.set_xscale("log")
-        if log:
-            ax.set_yscale("log")
-        ax.set_xlabel("jobs")
-        ax.set_title(title, fontsize=10)
-        ax.grid(True, which="major", alpha=0.3)
-    if axes[0].get_legend_handles_labels()[0]:  # a page may hold no row yet
-        axes[0].legend(fontsize=8)
-    fig.suptitle("Growth with jobs (every 10 s; 100,000 jobs: every 60 s)", fontsize=11)
-    fig.tight_layout()
-    written.append(folder / BY_JOBS)
-    fig.savefig(written[-1], dpi=90)
-    plt.close(fig)
-
-    # Against the number of instances: one line per store and number of jobs.
-    by_jobs: dict[tuple[str, int], list[Row]] = defaultdict(list)
-    for r in found:
-        by_jobs[(r.store, r.jobs)].append(r)
-    fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.8))
-    for ax, (title, value, log) in zip(axes, metrics, strict=True):
-        for (store, jobs), points in sorted(by_jobs.items()):
-            if len({p.instances for p in points}) < 2:
+        series[key(r)].append(r)
+    fig, axes = plt.subplots(1, len(METRICS), figsize=(4.2 * len(METRICS), 3.8))
+    for ax, (name, value, log) in zip(axes, METRICS, strict=True):
+        for k, points in sorted(series.items()):
+            if len(points) < 2 and not alone:
                 continue
-            points = sorted(points, key=lambda p: p.instances)
-            label = f"{store}, {jobs:,} jobs"
-            ax.plot([p.instances for p in points], [value(p) for p in points], "o-", label=label)
+            points = sorted(points, key=x)
+            style = "o-" if len(points) > 1 else "s"
+            ax.plot([x(p) for p in points], [value(p) for p in points], style, label=label(k))
         ax.set_xscale("log")
-        ax.set_xticks([1, 3, 10], ["1", "3", "10"])
+        if ticks:
+            ax.set_xticks(ticks, [str(t) for t in ticks])
         if log:
             ax.set_yscale("log")
-        ax.set_xlabel("instances")
-        ax.set_title(title, fontsize=10)
+        ax.set_xlabel(xlabel)
+        ax.set_title(name, fontsize=10)
         ax.grid(True, which="major", alpha=0.3)
     if axes[0].get_legend_handles_labels()[0]:  # a page may hold no row yet
         axes[0].legend(fontsize=8)
-    fig.suptitle("Growth with instances", fontsize=11)
+    fig.suptitle(title, fontsize=11)
     fig.tight_layout()
-    written.append(folder / BY_INSTANCES)
-    fig.savefig(written[-1], dpi=90)
+    fig.savefig(path, dpi=90)
     plt.close(fig)
-    return written
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,6 +14,20 @@ from benchmarks.run import HEADER, OVERLOAD_HEADER, POSTGRES, REDIS, Result, run
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def measured_as(cases: list[tuple[Any, ...]], figures: dict[str, Any]) -> Any:
+    """A stand-in for ``run_case`` in a part's wiring test: notes each case in ``cases``
+    and answers ``figures`` for it (lateness 0.2 / 4 / 9 s, none doubled)."""
+
+    def measured(*case: Any) -> Result:
+        cases.append(case)
+        store, jobs, instances, every, seconds, _ = case
+        return Result(
+            store, jobs, instances, every, seconds, lateness=[0.2, 4.0, 9.0], doubled=0, **figures
+        )
+
+    return measured
+
+
 def test_a_short_benchmark_case_runs_every_slot_once(tmp_path: Path) -> None:
     result = run_case(f"sqlite:///{tmp_path}/bench.db", 20, 2, 1.0, 4.0, 0.0)
     assert result.lateness, "no slot ran"
@@ -54,27 +68,9 @@ def test_the_overload_part_runs_its_cases_into_its_table(
 ) -> None:
     """Its wiring only: the 100,000-job cases themselves take minutes each."""
     cases: list[tuple[Any, ...]] = []
-
-    def measured(*case: Any) -> Result:
-        cases.append(case)
-        store, jobs, instances, every, seconds, _ = case
-        return Result(
-            store,
-            jobs,
-            instances,
-            every,
-            seconds,
-            lateness=[0.2, 4.0, 9.0],
-            doubled=0,
-            missed=7,
-            busiest_share=0.4,
-            calls_per_tick=3.0,
-            cpu_share=0.9,
-            rss_mb=900,
-            events=Counter(catch_up=12, lost=0, missed=7),
-        )
-
-    monkeypatch.setattr(run, "run_case", measured)
+    figures = {"missed": 7, "busiest_share": 0.4, "calls_per_tick": 3.0, "cpu_share": 0.9}
+    figures |= {"rss_mb": 900, "events": Counter(catch_up=12, lost=0, missed=7)}
+    monkeypatch.setattr(run, "run_case", measured_as(cases, figures))
     page = tmp_path / "benchmarks.md"
     page.write_text("before\n\n<!-- overload -->\n\nNot measured yet.\n\n<!-- /overload -->\n")
     assert run.main(["--suite", "--parts", "overload", "--write", str(page)]) == 0
@@ -184,26 +180,9 @@ def test_the_scale_part_runs_its_cases_into_its_table_and_draws_the_growth_curve
     from benchmarks import plots
 
     cases: list[tuple[Any, ...]] = []
-
-    def measured(*case: Any) -> Result:
-        cases.append(case)
-        store, jobs, instances, every, seconds, _ = case
-        return Result(
-            store,
-            jobs,
-            instances,
-            every,
-            seconds,
-            lateness=[0.2, 4.0, 9.0],
-            doubled=0,
-            missed=0,
-            busiest_share=0.1,
-            calls_per_tick=12.5,
-            cpu_share=0.3,
-            rss_mb=400,
-            events=Counter(catch_up=3),
-            startup=[8.0, 9.5, 30.25],
-        )
+    figures = {"missed": 0, "busiest_share": 0.1, "calls_per_tick": 12.5, "cpu_share": 0.3}
+    figures |= {"rss_mb": 400, "events": Counter(catch_up=3), "startup": [8.0, 9.5, 30.25]}
+    measured = measured_as(cases, figures)
 
     @contextlib.contextmanager
     def cluster() -> Any:
