@@ -86,7 +86,9 @@ def test_three_pods_run_every_slot_once(
     assert {x["attempt"] for x in fast} == {1}
     if framework == "celery":
         assert len({x["task_id"] for x in fast}) == len(fast)
-        assert len({x["worker"] for x in fast}) >= 2
+        # The pods' beats share the sending (which worker runs a task is the broker's
+        # prefetch: on a loaded machine one worker may take them all).
+        assert len({x["sent_by"] for x in fast}) >= 2, "one pod sent every slot"
     else:
         assert len({x["pid"] for x in fast}) >= 3, "messages are spread over worker processes"
         # One scheduler per pod: slots were sent by at most one process of each pod.
