@@ -261,12 +261,16 @@ def _to_come(
     status: JobStatus, history: list[RunRecord], now: float, manual: AbstractSet[int]
 ) -> dict[str, Any]:
     """What the page shows of a job's slots to come: from its schedule, as the live
-    instances declare it or as stored; else its next slot estimated (see :func:`_next_slot`)."""
+    instances declare it or as stored; else its next slot estimated (see :func:`_next_slot`).
+
+    The slots to come are those after ``now`` and after the slot the job's record holds
+    (read after ``now`` was, it may be a slot due since)."""
     schedule = status.schedule()
     if schedule is None:
         estimate = _next_slot(status, history, now, manual) if status.declared is None else None
         return {"schedule": None, "zone": None, "ended": False, "next": estimate, "upcoming": []}
-    at = datetime.fromtimestamp(now, timezone.utc)
+    held = status.state.slot_ms / 1000 if status.state is not None else now
+    at = datetime.fromtimestamp(max(now, held), timezone.utc)
     slots = preview(schedule, UPCOMING, at)
     return {
         "schedule": schedule.describe(),
