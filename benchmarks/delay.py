@@ -18,6 +18,8 @@ import sys
 import time
 from collections.abc import Iterator
 
+from benchmarks.ports import free_port
+
 
 async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: float) -> None:
     """Forward what ``reader`` gives to ``writer``, each chunk ``delay`` s after it came."""
@@ -74,9 +76,7 @@ async def serve(port: int, host: str, target_port: int, rtt: float) -> None:
 @contextlib.contextmanager
 def relay(target: str, rtt: float) -> Iterator[int]:
     """A relay process to ``target`` (``host:port``) adding ``rtt`` seconds; its port."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = int(probe.getsockname()[1])
+    port = free_port()
     argv = [sys.executable, "-m", "benchmarks.delay", "--port", str(port)]
     argv += ["--target", target, "--rtt", str(rtt)]
     proc = subprocess.Popen(argv)

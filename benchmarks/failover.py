@@ -54,7 +54,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -66,6 +65,8 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar, cast
+
+from benchmarks.ports import free_port
 
 log = logging.getLogger("benchmarks.failover")
 
@@ -223,12 +224,6 @@ def _tail(path: Path, lines: int = 20) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return "(no output)"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _drop_namespace(store: str, namespace: str) -> None:
@@ -511,7 +506,7 @@ def _start_redis(procs: Processes, workdir: Path, abort: threading.Event) -> str
     binary = shutil.which("redis-server")
     if binary is None:
         raise RuntimeError("redis-server is not on PATH")
-    port = _free_port()
+    port = free_port()
     argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly"]
     argv += ["no", "--dir", str(workdir)]
     proc = procs.start(argv, workdir / "redis.log")

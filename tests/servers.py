@@ -37,6 +37,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.ports import free_cluster_port, free_port
 from tests.waiting import wait_until
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
@@ -56,28 +57,6 @@ def not_started(what: str, error: Exception) -> None:
     if IN_CI:
         pytest.fail(message)
     pytest.skip(message)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def free_cluster_port() -> int:
-    """A free port whose cluster bus port (10,000 higher) is free too: Redis Cluster needs both."""
-    import random
-
-    for _ in range(200):
-        port = random.randint(20000, 45000)
-        try:
-            with socket.socket() as a, socket.socket() as b:
-                a.bind(("127.0.0.1", port))
-                b.bind(("127.0.0.1", port + 10000))
-        except OSError:
-            continue
-        return port
-    raise RuntimeError("no free pair of ports for a Redis Cluster node")
 
 
 def port_open(port: int, host: str = "127.0.0.1", timeout: float = 0.5) -> bool:
@@ -351,8 +330,9 @@ def postgres_runnable(bindir: Path) -> Path:
     return relocated
 
 
-def start_postgres(bindir: Path, name: str) -> ServerProcess:
-    """A private PostgreSQL cluster in a temporary directory, trust auth, user postgres."""
+def init_postgres(bindir: Path, name: str) -> tuple[Path, Path]:
+    """A new PostgreSQL cluster in a temporary directory, trust auth, user postgres: the
+    binaries' folder its user can run, and the directory (the cluster in its ``data``)."""
     bindir = postgres_runnable(bindir)
     datadir = Path(tempfile.mkdtemp(prefix=f"{name}-"))
     if os.geteuid() == 0:
@@ -371,11 +351,22 @@ def start_postgres(bindir: Path, name: str) -> ServerProcess:
         raise RuntimeError(
             f"{name}: initdb exited with status {done.returncode}:\n{done.stdout[-4000:]}"
         )
-    port = free_port()
+    return bindir, datadir
+
+
+def postgres_argv(bindir: Path, datadir: Path, address: str, port: int) -> list[str]:
+    """The server of :func:`init_postgres`'s cluster, listening on ``address:port``."""
     server = [str(bindir / "postgres"), "-D", str(datadir / "data"), "-p", str(port)]
-    server += ["-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={datadir}"]
+    server += ["-c", f"listen_addresses={address}", "-c", f"unix_socket_directories={datadir}"]
     server += ["-c", "fsync=off", "-c", "max_connections=200"]
-    argv = as_postgres_user(server)
+    return as_postgres_user(server)
+
+
+def start_postgres(bindir: Path, name: str) -> ServerProcess:
+    """A private PostgreSQL cluster in a temporary directory, trust auth, user postgres."""
+    bindir, datadir = init_postgres(bindir, name)
+    port = free_port()
+    argv = postgres_argv(bindir, datadir, "127.0.0.1", port)
     isready = [str(bindir / "pg_isready"), "-q", "-h", "127.0.0.1", "-p", str(port), "-t", "1"]
 
     def ready() -> bool:
@@ -410,23 +401,20 @@ def mariadb_binaries() -> tuple[str, str] | None:
     return (install, server) if install and server else None
 
 
-def start_mariadb(name: str) -> ServerProcess:
-    """A private MariaDB in a temporary directory (its ``workdir``), on a free port.
-
-    User ``root`` without a password, database ``test``. Skipped locally, failed
-    under CI, when MariaDB is not installed.
-    """
+def init_mariadb(name: str) -> Path:
+    """A new MariaDB data directory in a temporary folder (returned): user ``root``
+    without a password; database ``test`` made at every start (its ``init.sql``).
+    Skipped locally, failed under CI, when MariaDB is not installed."""
     binaries = mariadb_binaries()
     if binaries is None:
         unavailable("MariaDB (mariadb-install-db and mariadbd)")
     assert binaries is not None
-    install, mariadbd = binaries
+    install, _ = binaries
     home = Path(tempfile.mkdtemp(prefix=f"{name}-"))
     # mariadbd refuses to run as root unless told to.
     user = ["--user=root"] if os.geteuid() == 0 else []
-    data = [f"--datadir={home / 'data'}"]
-    initdb = [install, "--no-defaults", *data, *user, "--auth-root-authentication-method=normal"]
-    initdb += ["--skip-test-db", *MARIADB_SETTINGS]
+    initdb = [install, "--no-defaults", f"--datadir={home / 'data'}", *user]
+    initdb += ["--auth-root-authentication-method=normal", "--skip-test-db", *MARIADB_SETTINGS]
     done = subprocess.run(
         initdb, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
     )
@@ -438,10 +426,28 @@ def start_mariadb(name: str) -> ServerProcess:
         )
     # Run at every start, before clients are let in.
     (home / "init.sql").write_text("CREATE DATABASE IF NOT EXISTS test;\n")
+    return home
+
+
+def mariadb_argv(home: Path, address: str, port: int) -> list[str]:
+    """The server of :func:`init_mariadb`'s data directory, listening on ``address:port``."""
+    binaries = mariadb_binaries()
+    assert binaries is not None
+    user = ["--user=root"] if os.geteuid() == 0 else []
+    argv = [binaries[1], "--no-defaults", f"--datadir={home / 'data'}", f"--port={port}"]
+    argv += [f"--socket={home / 'sock'}", f"--bind-address={address}", *user]
+    return [*argv, f"--init-file={home / 'init.sql'}", *MARIADB_SETTINGS]
+
+
+def start_mariadb(name: str) -> ServerProcess:
+    """A private MariaDB in a temporary directory (its ``workdir``), on a free port.
+
+    User ``root`` without a password, database ``test``. Skipped locally, failed
+    under CI, when MariaDB is not installed.
+    """
+    home = init_mariadb(name)
     port = free_port()
-    argv = [mariadbd, "--no-defaults", *data, f"--port={port}", f"--socket={home / 'sock'}"]
-    argv += ["--bind-address=127.0.0.1", *user, f"--init-file={home / 'init.sql'}"]
-    argv += MARIADB_SETTINGS
+    argv = mariadb_argv(home, "127.0.0.1", port)
 
     def ready() -> bool:
         import pymysql
