@@ -214,6 +214,7 @@ class JobRuntime:
         "cancel_asked",
         "decided_ms",
         "deferred",
+        "hands_off",
         "job",
         "next_slot",
         "peers_seen",
@@ -269,6 +270,9 @@ class JobRuntime:
         self.began: tuple[int, float] | None = None
         #: The token of the run asked to stop for the slot waiting (``cancel_other``).
         self.cancel_asked: int | None = None
+        #: Its handler hands its runs off (it called :meth:`Run.hand_off`): the
+        #: hand-offs of a tick's handlers are gathered (see engine/handoffs.py).
+        self.hands_off = False
         #: The newest slot (ms) the overlap policy queued or skipped here: a slot skipped
         #: once (``buffer_all`` had its bound waiting) is never queued afterwards.
         self.decided_ms = 0

@@ -14,6 +14,7 @@ queued or skipped from the record read (:meth:`Answers.arrived`).
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import logging
@@ -81,6 +82,11 @@ class Answers:
     def __init__(self, ctx: Context, runs: Runs) -> None:
         self._ctx = ctx
         self._runs = runs
+
+    def starting(self) -> contextlib.AbstractContextManager[None]:
+        """Around acting on a batch's answers: the hand-offs of the handlers it starts
+        go together (:meth:`.runs.Runs.starting`)."""
+        return self._runs.starting()
 
     def act(
         self,
@@ -605,9 +611,10 @@ class Claims:
         # The handlers of the slots won start first; then each job's next slot is
         # placed, once the batch taught what it could of the peers.
         try:
-            for i, ((run_rt, run_slot), claim) in enumerate(zip(runs_in, claims, strict=True)):
-                if not isinstance(claim, Exception) and i not in ahead:
-                    self._answers.act(run_rt, run_slot, claim, sent, Ask.SCHEDULED)
+            with self._answers.starting():
+                for i, ((run_rt, run_slot), claim) in enumerate(zip(runs_in, claims, strict=True)):
+                    if not isinstance(claim, Exception) and i not in ahead:
+                        self._answers.act(run_rt, run_slot, claim, sent, Ask.SCHEDULED)
         finally:
             for i, ((rt, slot), claim) in enumerate(zip(batch, claims, strict=True)):
                 if isinstance(claim, Exception) or rt.removed:

@@ -9,7 +9,6 @@ handed over (released) for backups to take at once.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import contextlib
 import heapq
@@ -17,6 +16,7 @@ import inspect
 import itertools
 import logging
 import threading
+from functools import partial
 from typing import Any
 
 from ..clock import Task
@@ -29,6 +29,7 @@ from ..slots import Slot, shown
 from ..store import Change, JobState, RunState
 from .context import Context
 from .gateway import describe
+from .handoffs import HandOffs
 from .pacing import END_HOLD_SHARE, START_SHARE, Lag, Sizer, chunk_time
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,9 @@ class Runs:
         self._renewals, self._ends = Sizer(ctx.clock), Sizer(ctx.clock)
         self._wake = wake
         self._inline = inline
+        leases = ctx.gateway.leases
+        #: The handler threads' hand-offs, sent together (a group commit).
+        self.handoffs = None if leases is None else HandOffs(leases)
         #: The completions not recorded yet, the oldest first; ``_done_lock`` guards it
         #: (handler threads append, the loop takes).
         self._done: collections.deque[Completion] = collections.deque()
@@ -88,6 +92,8 @@ class Runs:
         """
         ctx = self._ctx
         leases, token, key = ctx.gateway.leases, holder.token, rt.job.name
+        handoffs = self.handoffs
+        dispatch = None if handoffs is None else partial(self._hand_off, rt, key, token)
         slot = shown(slot)  # a backfill's slot runs as its job's
         run = Run.of(
             slot,
@@ -95,7 +101,7 @@ class Runs:
             token=token,
             instance=ctx.instance,
             # Without a lease there is nothing to hand off: the run is its handler's.
-            dispatch=None if leases is None else lambda lease: leases.dispatch(key, token, lease),
+            dispatch=dispatch,
             monotonic=ctx.clock.monotonic,
             key=key if key != slot.job else None,
         )
@@ -138,14 +144,29 @@ class Runs:
         if not waiting:
             return
         now = self._ctx.clock.time()
-        while waiting and waiting[0][0] <= now:
-            _, _, rt, runner = heapq.heappop(waiting)
-            if rt.runner is runner and not runner.returned:
-                self._start(rt, runner)
+        with self.starting():
+            while waiting and waiting[0][0] <= now:
+                _, _, rt, runner = heapq.heappop(waiting)
+                if rt.runner is runner and not runner.returned:
+                    self._start(rt, runner)
 
     def next_start(self) -> float | None:
         """When the next handler of a run won ahead starts (wall-clock), or None."""
         return self._waiting[0][0] if self._waiting else None
+
+    def starting(self) -> contextlib.AbstractContextManager[None]:
+        """Around the start of a batch's handlers: their hand-offs go together. Inline
+        handlers run one after the other in this thread, each its hand-off, then its
+        send: there is nothing to gather."""
+        if self.handoffs is None or self._inline:
+            return contextlib.nullcontext()
+        return self.handoffs.gathering()
+
+    def _hand_off(self, rt: JobRuntime, key: str, token: int, lease: float) -> bool:
+        """A run's hand-off (:meth:`Run.hand_off`), sent with those of its tick."""
+        assert self.handoffs is not None
+        rt.hands_off = True
+        return self.handoffs.dispatch(key, token, lease)
 
     def _start(self, rt: JobRuntime, runner: Runner) -> None:
         """Run ``runner``'s handler: inline, or on a pooled thread."""
@@ -153,7 +174,17 @@ class Runs:
             self._execute(rt, runner)
             return
         run = runner.run
-        thread = self._ctx.clock.spawn(lambda: self._execute(rt, runner), f"anarchon:{run.slot_id}")
+        handoffs = self.handoffs if rt.hands_off else None
+        if handoffs is not None:
+            handoffs.expect(rt.job.name, run.token)
+        try:
+            thread = self._ctx.clock.spawn(
+                lambda: self._execute(rt, runner), f"anarchon:{run.slot_id}"
+            )
+        except BaseException:
+            if handoffs is not None:  # never runs: no hand-off waits for it
+                handoffs.left(rt.job.name, run.token)
+            raise
         self._threads.append(thread)
         if len(self._threads) > 2 * self._pruned_at + 64:
             self._threads = [t for t in self._threads if t.is_alive()]
@@ -178,12 +209,16 @@ class Runs:
             # Lost before its handler began, or so late that its end could not be
             # recorded in time (a starved process, a thread started late): the
             # handler never starts, and the slot goes back for a backup to run it.
+            if self.handoffs is not None:
+                self.handoffs.left(rt.job.name, run.token)
             self._completed(rt, runner, RunState.RELEASED, interrupted=True, started=False)
             return
         try:
             handler = rt.job.handler
             result = handler(run) if rt.job.takes_run else handler()
             if inspect.isawaitable(result):
+                import asyncio  # only for coroutine handlers: slow to import, kept off start-up
+
                 asyncio.run(_await(result))
         except LeaseLost:
             # The handler stopped because its run was lost (run.check()): not a failure.
@@ -203,6 +238,9 @@ class Runs:
             log.exception(
                 "anarchon: job %s failed (%s attempt %d)", run.job, run.slot_id, run.attempt
             )
+        finally:
+            if self.handoffs is not None:
+                self.handoffs.left(rt.job.name, run.token)
         self._completed(rt, runner, outcome, dispatch_failed, interrupted)
 
     def _completed(
