@@ -135,6 +135,18 @@ class Decision(Generic[A]):
         return None
 
 
+def first_token(wall: float) -> int:
+    """The token of a job's first claim in a store: the store's wall clock in
+    milliseconds (``wall``, Unix seconds).
+
+    Tokens then rise by one per attempt, far more slowly than the clock, so a
+    store that lost its records (restarted empty, failed over to a replica without
+    them) starts the job again above every token it handed out before, and a
+    handler fencing with the token still refuses the older attempts.
+    """
+    return max(1, int(wall * 1000))
+
+
 def claim(
     old: Record | None,
     job: str,
@@ -146,10 +158,13 @@ def claim(
     paused: bool = False,
     limit: int | None = None,
     claims: int = 0,
+    first_token: int = 1,
 ) -> Decision[Claim]:
     """Claim ``slot_ms`` of ``job`` for ``owner``, the lease ``lease`` seconds from ``now``.
 
-    A won claim is attempt 1 with the previous token + 1 (1 for a new job);
+    A won claim is attempt 1 with the previous token + 1, or ``first_token`` for a
+    job the store holds no record of (the stores pass :func:`first_token` of their
+    wall clock, so that tokens keep rising after a store lost its records);
     the previous attempt, if its run still held the slot, is abandoned.
     ``claims`` is the job's count of claims won so far
     (:attr:`~anarchon_core.store.JobStats.claims`): once it reaches ``limit``
@@ -166,7 +181,7 @@ def claim(
         return Decision(Claim(ClaimStatus.ENDED, current))
     if refused is not None:
         return Decision(refused)
-    token = old.token + 1 if old is not None else 1
+    token = old.token + 1 if old is not None else first_token
     new = Record(job, slot_ms, owner, 1, token, RunState.RUNNING, now + lease)
     previous = RunState.ABANDONED if old is not None and old.state in HELD_STATES else None
     return Decision(_won(new, lease), new, previous, started=True)

@@ -159,7 +159,7 @@ ENDED = """SELECT 1 FROM anarchon_stats WHERE namespace = :ns AND job = :job
 #: ended or whose lease lapsed; a paused or ended job inserts no row to conflict with.
 CLAIM = f"""
 INSERT INTO anarchon_jobs (namespace, job, slot_ms, owner, attempt, token, state, lease_until)
-SELECT :ns, :job, :slot, :owner, 1, 1, 'running', {NOW} + :lease
+SELECT :ns, :job, :slot, :owner, 1, CAST({NOW} * 1000 AS INTEGER), 'running', {NOW} + :lease
 WHERE NOT EXISTS ({PAUSED}) AND NOT EXISTS ({ENDED})
 ON CONFLICT (namespace, job) DO UPDATE SET
     slot_ms = excluded.slot_ms, owner = excluded.owner, attempt = 1, token = token + 1,

@@ -124,6 +124,7 @@ class MemoryStore(LeaseStore, RegistryStore, ControlStore, OnceStore):
                     paused=paused,
                     limit=r.limit,
                     claims=counts[0] - counts[1],
+                    first_token=decide.first_token(now),
                 )
                 claims.append(self._apply(r.job, step, now))
             return claims

@@ -676,6 +676,7 @@ class MySQLStore(LeaseStore, RegistryStore, ControlStore, OnceStore):
                 paused=paused,
                 limit=r.limit,
                 claims=claims,
+                first_token=decide.first_token(now),
             )
 
         limited = [r.job for r in requests if r.limit is not None]

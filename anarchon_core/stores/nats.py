@@ -518,7 +518,15 @@ class NatsStore(LeasesByObservation, RegistryStore, ControlStore, OnceStore):
             return self._deciding(
                 r.job,
                 lambda rec, now: decide.claim(
-                    rec, r.job, r.slot_ms, owner, r.lease, now, limit=r.limit, claims=claims
+                    rec,
+                    r.job,
+                    r.slot_ms,
+                    owner,
+                    r.lease,
+                    now,
+                    limit=r.limit,
+                    claims=claims,
+                    first_token=decide.first_token(self._clock.time()),
                 ),
             )(old, current)
 

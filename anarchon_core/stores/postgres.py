@@ -203,6 +203,8 @@ _NAMESPACES = """SELECT c.relname, obj_description(c.oid, 'pg_class') FROM pg_cl
     WHERE c.relkind IN ('r', 'p') AND c.relname LIKE 'anarchon\\_%%\\_jobs'
       AND c.relnamespace = (SELECT oid FROM pg_namespace
                             WHERE nspname = coalesce(%(schema)s, current_schema()))"""
+#: A job's first token (its first claim's number): the server's clock in ms (decide.first_token).
+_FIRST_CLAIM_NUMBER = "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 _TRIGGER = """CREATE TRIGGER anarchon_history AFTER INSERT OR UPDATE OF token, state
     ON {jobs} FOR EACH ROW EXECUTE FUNCTION {log}()"""
 #: The statement of each change of a batch (any other state is an end).
@@ -217,7 +219,7 @@ _STATEMENTS = {
     # deadlock.
     "claim_many": f"""INSERT INTO {{jobs}} AS j (job, slot_ms, owner, attempt, token, state,
             lease_until)
-        SELECT r.job, r.slot, %(owner)s, 1, 1, 'running',
+        SELECT r.job, r.slot, %(owner)s, 1, {_FIRST_CLAIM_NUMBER}, 'running',
                clock_timestamp() + make_interval(secs => r.lease)
           FROM unnest(%(jobs)s::text[], %(slots)s::bigint[], %(leases)s::float8[],
                       %(limits)s::bigint[])

@@ -16,7 +16,7 @@ token, state, lease end in server milliseconds; and the job's counts,
 ``n_runs``, ``n_takeovers``, ``n_done``, ``n_failed``, ``last_done``,
 ``last_failed``, kept by the same scripts, and read by the claim script for
 a claim's limit) and ``anarchon:{ns/job}:runs``
-a list of JSON attempts, newest first, capped at 50. Each script touches
+a list of JSON attempts, newest first, 50 kept. Each script touches
 only these two keys, one hash slot, so the layout works on Redis Cluster.
 ``anarchon:{ns}:jobs`` is a set of job names for :meth:`RedisStore.jobs`.
 
@@ -39,8 +39,12 @@ token's holder, running or dispatched; ``finish``/``release`` end it, and
 answer yes unchanged when the record already carries the token with that end
 (an end re-sent after its reply was lost). A script reads ``TIME``
 first and judges and writes leases by it; Redis 7 and Valkey replicate a
-script's effects, not the script, so that is allowed before writes. The
-history list is pushed, closed and trimmed by the same scripts.
+script's effects, not the script, so that is allowed before writes. Each
+step reads the record's hash once and writes it once. An attempt's history
+entry is pushed when it starts and never rewritten: it carries how the
+attempt before it ended (``prev``), and the newest entry's state is the
+record's (read together with it); the list is cut back to 50 entries once
+it holds 16 more.
 
 Batches. ``claim_many`` is one pipeline: an ``SADD`` of the job names to the
 jobs set, then the claims, up to 500 jobs per script call (one ``TIME`` for
@@ -151,46 +155,62 @@ _UNAVAILABLE = (
     redis.exceptions.RedisClusterException,  # e.g. no node of the cluster answers
 )
 
+#: How many entries past :data:`HISTORY` a job's history may hold before it is cut
+#: back (one ``LTRIM`` per this many attempts, not one per attempt).
+_HISTORY_SLACK = 16
+#: The states in which a run holds its lease.
+_HELD_STATES = ("running", "dispatched")
+
 #: Shared by the job scripts: the server's clock, read once per call, and
-#: the steps on one job's record (``rk``) and history list (``hk``).
+#: the steps on one job's record (``rk``) and history list (``hk``). Each step
+#: reads the record's hash once (``load``: the record, its pause marks and its
+#: counts) and writes it once; a new attempt is one push to the history, which
+#: carries how the record's previous attempt ended (``prev``), so that no entry
+#: is ever rewritten (see :func:`_history`); the list is cut back to HISTORY
+#: entries once it holds SLACK more.
 _COMMON = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local function load(key)
-  local r = redis.call('HMGET', key, 'slot', 'owner', 'attempt', 'token', 'state', 'expires')
-  if not r[1] then return nil end
-  return {slot = tonumber(r[1]), owner = r[2], attempt = tonumber(r[3]),
-          token = tonumber(r[4]), state = r[5], expires = tonumber(r[6])}
+  local r = redis.call('HMGET', key, 'slot', 'owner', 'attempt', 'token', 'state', 'expires',
+                       'paused', 'npaused', 'n_runs', 'n_takeovers', 'n_done', 'n_failed')
+  local rec = {paused = r[7] ~= false or r[8] ~= false,
+               n_runs = tonumber(r[9]) or 0, n_takeovers = tonumber(r[10]) or 0,
+               n_done = tonumber(r[11]) or 0, n_failed = tonumber(r[12]) or 0}
+  if not r[1] then return rec end
+  rec.exists = true
+  rec.slot, rec.owner, rec.attempt = tonumber(r[1]), r[2], tonumber(r[3])
+  rec.token, rec.state, rec.expires = tonumber(r[4]), r[5], tonumber(r[6])
+  return rec
 end
 local function reply(status, rec)
-  if not rec then return {status} end
+  if not rec.exists then return {status} end
   return {status, rec.slot, rec.owner, rec.attempt, rec.token, rec.state, rec.expires - now}
 end
 local function held(state) return state == 'running' or state == 'dispatched' end
--- The newest attempt is the record's own: if it is still open, set its state,
--- and close it at ``ended`` unless that is nil (running <-> dispatched).
-local function mark_run(hk, token, state, ended)
-  local head = redis.call('LINDEX', hk, 0)
-  if not head then return end
-  local run = cjson.decode(head)
-  if run.token == token and run.ended == nil then
-    run.state, run.ended = state, ended
-    redis.call('LSET', hk, 0, cjson.encode(run))
+-- A new attempt: the record's, and its history entry (with how the attempt it
+-- replaces ended: ``ended`` names a state it ended in just now, else the
+-- record's own end).
+local function start(rk, hk, rec, slot, owner, attempt, token, lease_ms, ended)
+  local entry = {slot = slot, attempt = attempt, token = token, owner = owner,
+                 state = 'running', started = now}
+  if rec.exists then
+    entry.prev = {token = rec.token, state = ended or rec.state,
+                  ended = ended and now or rec.expires}
   end
-end
-local function end_run(hk, token, state) mark_run(hk, token, state, now) end
-local function start(rk, hk, rec)
-  rec.state = 'running'
-  redis.call('HSET', rk, 'slot', rec.slot, 'owner', rec.owner, 'attempt', rec.attempt,
-             'token', rec.token, 'state', 'running', 'expires', rec.expires)
-  redis.call('LPUSH', hk, cjson.encode({slot = rec.slot, attempt = rec.attempt,
-             token = rec.token, owner = rec.owner, state = 'running', started = now}))
-  redis.call('LTRIM', hk, 0, HISTORY - 1)
-  redis.call('HINCRBY', rk, 'n_runs', 1)
-  if rec.attempt > 1 then redis.call('HINCRBY', rk, 'n_takeovers', 1) end
+  if redis.call('LPUSH', hk, cjson.encode(entry)) > HISTORY + SLACK then
+    redis.call('LTRIM', hk, 0, HISTORY - 1)
+  end
+  local takeovers = rec.n_takeovers
+  if attempt > 1 then takeovers = takeovers + 1 end
+  redis.call('HSET', rk, 'slot', slot, 'owner', owner, 'attempt', attempt, 'token', token,
+             'state', 'running', 'expires', now + lease_ms,
+             'n_runs', rec.n_runs + 1, 'n_takeovers', takeovers)
+  rec.exists, rec.slot, rec.owner, rec.attempt = true, slot, owner, attempt
+  rec.token, rec.state, rec.expires = token, 'running', now + lease_ms
   return reply('won', rec)
 end
-""".replace("HISTORY", str(HISTORY))
+""".replace("HISTORY", str(HISTORY)).replace("SLACK", str(_HISTORY_SLACK))
 
 #: Runs ``one`` (defined by the script before it) for each job of the call:
 #: KEYS are each job's record and history keys in pairs; ARGV the number of
@@ -221,29 +241,21 @@ return out
 _CLAIM = """
 local ns_paused = #KEYS % 2 == 1 and redis.call('SISMEMBER', KEYS[#KEYS], '') == 1
 local function one(rk, hk, a)
-  local rec, slot, token = load(rk), tonumber(a[1]), 1
-  if ns_paused or redis.call('HEXISTS', rk, 'paused') == 1
-     or redis.call('HEXISTS', rk, 'npaused') == 1 then
-    return reply('paused', rec)
-  end
-  if rec and rec.slot == slot then return reply('taken', rec) end
-  if rec and rec.slot > slot then return reply('stale', rec) end
+  local rec, slot = load(rk), tonumber(a[1])
+  if ns_paused or rec.paused then return reply('paused', rec) end
+  if rec.exists and rec.slot == slot then return reply('taken', rec) end
+  if rec.exists and rec.slot > slot then return reply('stale', rec) end
   local limit = tonumber(a[4])
-  if limit then
-    local n = redis.call('HMGET', rk, 'n_runs', 'n_takeovers')
-    if (tonumber(n[1]) or 0) - (tonumber(n[2]) or 0) >= limit then
-      return reply('ended', rec)
-    end
-  end
-  if rec then
+  if limit and rec.n_runs - rec.n_takeovers >= limit then return reply('ended', rec) end
+  local token, ended = now, nil  -- a job's first token: the server's clock, in ms
+  if rec.exists then
     if held(rec.state) then
       if rec.expires > now then return reply('busy', rec) end
-      end_run(hk, rec.token, 'abandoned')
+      ended = 'abandoned'
     end
     token = rec.token + 1
   end
-  return start(rk, hk, {slot = slot, owner = a[2], attempt = 1, token = token,
-                        expires = now + tonumber(a[3])})
+  return start(rk, hk, rec, slot, a[2], 1, token, tonumber(a[3]), ended)
 end
 """
 
@@ -251,40 +263,48 @@ end
 _TAKEOVER = """
 local function one(rk, hk, a)
   local rec = load(rk)
-  if not rec then return {'taken'} end
+  if not rec.exists then return {'taken'} end
   local lapsed = rec.state == 'released' or (rec.state == 'running' and rec.expires <= now)
   if rec.slot ~= tonumber(a[1]) or rec.token ~= tonumber(a[4]) or not lapsed then
     return reply('taken', rec)
   end
-  if rec.state == 'running' then end_run(hk, rec.token, 'lost') end
-  return start(rk, hk, {slot = rec.slot, owner = a[2], attempt = rec.attempt + 1,
-                        token = rec.token + 1, expires = now + tonumber(a[3])})
+  local ended = nil
+  if rec.state == 'running' then ended = 'lost' end
+  return start(rk, hk, rec, rec.slot, a[2], rec.attempt + 1, rec.token + 1,
+               tonumber(a[3]), ended)
 end
 """
 
 # Per job: token, new state, lease_ms. Only the holder of the token, running or
 # dispatched, gets through. 'running' renews (and picks a dispatched run up),
 # 'dispatched' hands off, both for lease_ms; done/failed/released end the run and
-# its lease, and an end the record already has is answered 1 unchanged.
+# its lease (the lease's end is then the run's), and an end the record already has
+# is answered 1 unchanged. The history entry is left as it is: it takes the
+# record's state while it is the newest, and its successor's ``prev`` after.
 _HELD = """
 local function one(rk, hk, a)
   local rec, state = load(rk), a[2]
-  if not rec or rec.token ~= tonumber(a[1]) then return 0 end
+  if not rec.exists or rec.token ~= tonumber(a[1]) then return 0 end
   if rec.state == state and not held(state) then return 1 end
   if not held(rec.state) then return 0 end
   if held(state) then
     redis.call('HSET', rk, 'state', state, 'expires', now + tonumber(a[3]))
-    if rec.state ~= state then mark_run(hk, rec.token, state, nil) end
+  elseif state == 'done' or state == 'failed' then
+    redis.call('HSET', rk, 'state', state, 'expires', now,
+               'n_' .. state, rec['n_' .. state] + 1, 'last_' .. state, now)
   else
     redis.call('HSET', rk, 'state', state, 'expires', now)
-    end_run(hk, rec.token, state)
-    if state == 'done' or state == 'failed' then
-      redis.call('HINCRBY', rk, 'n_' .. state, 1)
-      redis.call('HSET', rk, 'last_' .. state, now)
-    end
   end
   return 1
 end
+"""
+
+#: The newest entries of a job's history and the record's state, in one atomic read
+#: (KEYS: record, history; ARGV: how many entries).
+_HISTORY_READ = """
+local entries = redis.call('LRANGE', KEYS[2], 0, tonumber(ARGV[1]) - 1)
+local r = redis.call('HMGET', KEYS[1], 'token', 'state', 'expires')
+return {entries, r}
 """
 
 #: Jobs per script call outside a cluster: a call holds the server while it
@@ -391,6 +411,33 @@ def _job_state(job: str, *fields: Any) -> JobState:
     return JobState(
         job, int(slot), owner, int(attempt), int(token), state, int(remaining_ms) / 1000
     )
+
+
+def _history(entries: list[dict[str, Any]], record: list[Any]) -> list[dict[str, Any]]:
+    """The attempts of a history list (newest first), each with its state and end.
+
+    An entry is written once, when its attempt starts; how it ended is told by
+    the entry after it (its ``prev``, written with the next attempt) or, for the
+    newest, by the record while the record holds its token (``record``: the
+    record's token, state and lease end in ms). An entry an earlier release
+    closed in place carries its ``ended`` already.
+    """
+    token, state, expires = (None if v is None else _text(v) for v in record)
+    runs: list[dict[str, Any]] = []
+    newer: dict[str, Any] | None = None
+    for entry in entries:
+        run = entry
+        if "ended" not in entry:
+            prev = newer.get("prev") if newer is not None else None
+            if prev is not None and prev["token"] == entry["token"]:
+                run = {**entry, "state": prev["state"], "ended": prev["ended"]}
+            elif newer is None and token is not None and int(token) == entry["token"]:
+                run = {**entry, "state": state}
+                if state not in _HELD_STATES:
+                    run["ended"] = int(expires or 0)
+        runs.append(run)
+        newer = entry
+    return runs
 
 
 def _run(job: str, run: dict[str, Any]) -> RunRecord:
@@ -531,6 +578,7 @@ class RedisStore(LeaseStore, RegistryStore, ControlStore, OnceStore):
         self._claim_script = Script(encoder, _COMMON + _CLAIM + _EACH)
         self._takeover_script = Script(encoder, _COMMON + _TAKEOVER + _EACH)
         self._held_script = Script(encoder, _COMMON + _HELD + _EACH)
+        self._history_script = Script(encoder, _HISTORY_READ)
         self._registry_script = Script(encoder, _REGISTRY)
         self._control_script = Script(encoder, _SET_CONTROL)
 
@@ -853,9 +901,11 @@ class RedisStore(LeaseStore, RegistryStore, ControlStore, OnceStore):
     def history(self, job: str, limit: int = 20) -> list[RunRecord]:
         if limit <= 0:
             return []
+        keys = self._keys(job)
         with self._guard():
-            entries = self.client.lrange(self._keys(job)[1], 0, limit - 1)
-        return [_run(job, json.loads(entry)) for entry in entries]
+            server = self._server_of(keys[0])
+            entries, record = self._history_script(keys, [min(limit, HISTORY)], server)
+        return [_run(job, run) for run in _history([json.loads(e) for e in entries], record)]
 
     def ping(self) -> None:
         """One PING: the server answers and lets this client in (no record is read, so a

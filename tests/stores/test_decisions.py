@@ -47,6 +47,7 @@ from anarchon_core.store import (
     Change,
     Claim,
     ClaimRequest,
+    ClaimStatus,
     LeaseStore,
     RunState,
     Store,
@@ -286,6 +287,15 @@ def step(store: LeaseStore, model: Model, op: Any, names: dict[str, str]) -> Non
         ]
         answers: list[Any] = store.claim_many(requests, op.owner)
         t1 = time.monotonic()
+        # A job's first token is the store's clock (decide.first_token): the model takes
+        # it from the store's answer (tests/stores/test_tokens.py checks its value).
+        firsts = {
+            job: answer.holder.token
+            for (job, _, _), answer in zip(op.items, answers, strict=True)
+            if answer.status is ClaimStatus.WON
+            and answer.holder is not None
+            and model.records.get(job) is None
+        }
 
         def claimed(item: tuple[str, int, float], now: float) -> Decision[Any]:
             job, slot, lease = item
@@ -299,6 +309,7 @@ def step(store: LeaseStore, model: Model, op: Any, names: dict[str, str]) -> Non
                 paused=job in model.paused,
                 limit=model.limits.get(job),
                 claims=model.claims(job),
+                first_token=firsts.get(job, 1),
             )
 
         _agree(model, op, [(i[0], partial(claimed, i)) for i in op.items], answers, t0, t1)

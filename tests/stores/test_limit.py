@@ -80,7 +80,7 @@ def test_a_limit_of_one_lets_exactly_the_first_slot_in(lease_store: LeaseStore) 
     store = lease_store
     first = store.claim("once", _slot(0), "a", 10, 1)
     assert first.won and first.holder is not None
-    assert first.holder.token == 1 and first.holder.attempt == 1
+    assert first.holder.attempt == 1
     assert store.finish("once", first.holder.token, RunState.FAILED)  # failed counts too
     assert store.claim("once", _slot(1), "b", 10, 1).status is ClaimStatus.ENDED
     assert [(r.slot_ms, r.state) for r in store.history("once")] == [(_slot(0), RunState.FAILED)]

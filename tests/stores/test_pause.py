@@ -648,14 +648,19 @@ def test_no_claim_begun_after_pause_returned_wins(
     after = [status for mine in seen for _, begun, status in mine if begun > paused_at]
     assert len(after) >= AFTER_PAUSE * claimers
     assert set(after) == {ClaimStatus.PAUSED.value}
-    # Tokens: one per win, none for the refused claims.
+    # Tokens: one per win, none for the refused claims (a job's tokens go up by one from
+    # its first, the store's clock), and the runs counted are the wins.
     wins: dict[str, int] = {}
     for mine in seen:
         for job, _, status in mine:
             wins[job] = wins.get(job, 0) + (status == ClaimStatus.WON.value)
     assert all(count > 0 for count in wins.values())
     states = pauser.states(wins)
-    assert {job: state.token for job, state in states.items()} == wins
+    assert {job: counted.runs for job, counted in pauser.stats(wins).items()} == wins
+    for job, state in states.items():
+        tokens = [run.token for run in pauser.history(job, 50)]
+        assert len(tokens) == min(50, wins[job])
+        assert tokens == list(range(state.token, state.token - len(tokens), -1)), job
     assert all(state.state is RunState.DONE for state in states.values())
 
 

@@ -18,10 +18,12 @@ def record(
     return Record("job", slot, "a", 2, token, state, NOW + left)
 
 
-def test_a_first_claim_wins_attempt_1_token_1() -> None:
-    step = decide.claim(None, "job", SLOT, "a", 30, NOW)
+def test_a_first_claim_wins_attempt_1_with_the_first_token() -> None:
+    first = decide.first_token(NOW)
+    assert first == int(NOW * 1000)  # the store's clock, in milliseconds
+    step = decide.claim(None, "job", SLOT, "a", 30, NOW, first_token=first)
     assert step.answer.status is ClaimStatus.WON
-    assert step.record == Record("job", SLOT, "a", 1, 1, RunState.RUNNING, NOW + 30)
+    assert step.record == Record("job", SLOT, "a", 1, first, RunState.RUNNING, NOW + 30)
     assert step.answer.holder == step.record.view(NOW)
     assert (step.started, step.previous, step.ended) == (True, None, None)
 
