@@ -4,8 +4,9 @@ URL: ``redis://[[user]:password@]host[:port][/db]``, ``rediss://`` for TLS,
 and ``valkey://`` / ``valkeys://`` alike (Valkey speaks the same protocol;
 the scheme is translated for redis-py). Query options: ``socket_timeout``
 and ``socket_connect_timeout`` (durations, 0.5 s to 5 min),
-``health_check_interval`` (whole seconds) and, for ``rediss://``, redis-py's
-``ssl_*`` options; any other is refused when the store is opened. Keyword
+``health_check_interval`` (whole seconds), ``replicas`` and ``replica_timeout``
+(see Durability below) and, for ``rediss://``, redis-py's ``ssl_*`` options;
+any other is refused when the store is opened. Keyword
 options to :meth:`RedisStore.from_url` go to ``redis.Redis.from_url``.
 Defaults: 3 s to connect, 3 s per operation, no driver-level retry (see below).
 
@@ -126,6 +127,24 @@ CONNECT_TIMEOUT = 3.0
 OPERATION_TIMEOUT = 3.0
 #: URL options read as durations by the store itself (bounded like every store's).
 _TIMEOUTS = ("socket_timeout", "socket_connect_timeout")
+#: The URL's durability options (see the module docstring).
+_DURABILITY = ("replicas", "replica_timeout")
+#: How long a step waits for its replicas' acknowledgement, by default (seconds).
+REPLICA_TIMEOUT = 1.0
+
+
+def _durability(url: str, key: str, value: str) -> Any:
+    """``replicas`` (a whole number) or ``replica_timeout`` (seconds) from the URL."""
+    try:
+        parsed = int(value) if key == "replicas" else float(value)
+    except ValueError:
+        parsed = None
+    if parsed is None or parsed < 0 or (key == "replica_timeout" and parsed == 0):
+        what = "a whole number, 0 or more" if key == "replicas" else "seconds, more than 0"
+        raise ConfigurationError(f"Redis URL {redact(url)!r}: {key} must be {what}, not {value!r}")
+    return parsed
+
+
 #: redis-py's TLS options a ``rediss://`` URL may carry.
 _TLS_OPTIONS = [
     "ssl_keyfile",
@@ -555,10 +574,20 @@ class RedisStore(LeaseStore, RegistryStore, ControlStore, OnceStore):
         client: redis.Redis | RedisCluster | None = None,
         namespace: str = "default",
         connect: Callable[[], RedisCluster] | None = None,
+        replicas: int = 0,
+        replica_timeout: float = REPLICA_TIMEOUT,
     ) -> None:
         super().__init__(namespace=namespace)
         if (client is None) == (connect is None):
             raise ConfigurationError("RedisStore: pass either client= or connect=")
+        if replicas < 0 or not 0 < replica_timeout < OPERATION_TIMEOUT:
+            raise ConfigurationError(
+                f"RedisStore: replicas must be 0 or more ({replicas!r} given) and"
+                f" replica_timeout within (0, {OPERATION_TIMEOUT:g}) s ({replica_timeout!r} given)"
+            )
+        #: Replicas that must acknowledge a step's writes before it counts (WAIT).
+        self.replicas = replicas
+        self.replica_timeout = replica_timeout
         self._client = client
         self._connect = connect
         self._owns_client = False
@@ -596,13 +625,16 @@ class RedisStore(LeaseStore, RegistryStore, ControlStore, OnceStore):
         scheme, sep, rest = url.partition("://")
         scheme = scheme.lower().replace("valkey", "redis")
         scheme, _, mode = scheme.partition("+")
-        accepted = [*_TIMEOUTS, "health_check_interval"]
+        accepted = [*_TIMEOUTS, "health_check_interval", *_DURABILITY]
         accepted += _TLS_OPTIONS if scheme == "rediss" else []
         accepted += ["sentinel_password"] if mode == "sentinel" else []
         passed = []
+        durable: dict[str, Any] = {}
         for key, value in url_options(url, "Redis", accepted):
             if key in _TIMEOUTS:
                 options.setdefault(key, store_timeout(key, value))
+            elif key in _DURABILITY:
+                durable[key] = _durability(url, key, value)
             else:
                 _check_tls_option(url, key, value)
                 passed.append((key, value))
@@ -627,7 +659,7 @@ class RedisStore(LeaseStore, RegistryStore, ControlStore, OnceStore):
             message = scrub(str(exc), urlsplit(url).password)
             # Not chained: the driver's error might quote the URL, password included.
             raise ConfigurationError(f"Redis URL {redact(url)!r}: {message}") from None
-        store = cls(client=client, namespace=namespace, connect=connect)
+        store = cls(client=client, namespace=namespace, connect=connect, **durable)
         store._owns_client = True
         store._where = redact(url)
         password = unquote(urlsplit(url).password or "") or None
@@ -707,12 +739,20 @@ class RedisStore(LeaseStore, RegistryStore, ControlStore, OnceStore):
                     pipe.sadd(self._jobs_key, *names)
                 for keys, args in sent:
                     pipe.evalsha(script.sha, len(keys), *keys, *args)
+                self._wait_in(pipe)
                 replies = pipe.execute(raise_on_error=False)[1 if add else 0 :]
+                self._waited(replies)
                 for chunk, (keys, args), reply in zip(chunks, sent, replies, strict=True):
                     if isinstance(reply, NoScriptError):
-                        # Flushed or restarted server; the script did not run. Script
-                        # loads itself and sends it again.
-                        reply = script(keys, args, client=server)
+                        # Flushed or restarted server; the script did not run. It is
+                        # loaded and sent again (with its wait for the replicas).
+                        server.script_load(script.script)
+                        again = server.pipeline(transaction=False)
+                        again.evalsha(script.sha, len(keys), *keys, *args)
+                        self._wait_in(again)
+                        reply = again.execute(raise_on_error=False)[0]
+                        if isinstance(reply, NoScriptError):
+                            raise reply
                     answers = reply if isinstance(reply, list) else [reply] * len(chunk)
                     for i, answer in zip(chunk, answers, strict=True):
                         results[i] = answer
@@ -720,6 +760,30 @@ class RedisStore(LeaseStore, RegistryStore, ControlStore, OnceStore):
                 if _outage(answer):
                     raise answer
         return results
+
+    def _wait_in(self, pipe: Any) -> None:
+        """With ``replicas``, the pipeline ends with a WAIT for them (one connection: the
+        wait covers the writes sent before it on that connection)."""
+        if self.replicas:
+            pipe.execute_command("WAIT", self.replicas, round(self.replica_timeout * 1000))
+
+    def _waited(self, replies: list[Any]) -> None:
+        """Drop the WAIT's reply off ``replies``; an outage if too few replicas acknowledged.
+
+        The writes were applied on the primary but are not known to outlive it: the
+        step does not count (a claim is not run; an end is sent again), as if the
+        server had not answered. Its replies are left unread."""
+        if not self.replicas:
+            return
+        acknowledged = replies.pop()
+        if isinstance(acknowledged, Exception):
+            raise acknowledged
+        if int(acknowledged) < self.replicas:
+            raise StoreUnavailable(
+                f"Redis at {self._where}: {acknowledged} of the {self.replicas} replica(s)"
+                f" asked for acknowledged the step's writes within"
+                f" {self.replica_timeout:g} s (replicas=): the step does not count"
+            )
 
     def _script_call(
         self, calls: Sequence[tuple[str, list[Any]]], chunk: list[int]

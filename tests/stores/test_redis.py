@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import tempfile
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,8 @@ from anarchon_core.errors import ConfigurationError, StoreUnavailable
 from anarchon_core.stores.redis import RedisStore
 from tests import servers
 from tests.cleanup import drop_namespace
+from tests.stores.monitor import script_commands
+from tests.waiting import wait_until
 
 SLOT = 1_700_000_000_000
 
@@ -152,6 +155,89 @@ def test_claim_many_and_change_many_are_one_round_trip_each(
     assert calls == ["pipeline"]
 
 
+def _job_commands(store: RedisStore, job: str, step: Callable[[], object]) -> list[str]:
+    """The commands the scripts ran on ``job``'s keys while ``step`` ran (MONITOR)."""
+    seen: list[str] = []
+    with script_commands(store.client, store._keys(job), seen):
+        step()
+    return [command.split()[0].upper() for command in seen]
+
+
+def test_each_step_reads_and_writes_a_record_once(store: RedisStore) -> None:
+    """What a slot costs the server: a claim reads the record's hash once, writes it
+    once and pushes one history entry; a hand-off, a renewal or an end read and
+    write the hash once each. The history stays whole."""
+    first = store.claim("job", SLOT, "a", 10).holder
+    assert first is not None and store.finish("job", first.token, RunState.DONE)
+    claimed: list[object] = []
+    assert _job_commands(
+        store, "job", lambda: claimed.append(store.claim("job", SLOT + 1000, "b", 10, limit=5))
+    ) == ["HMGET", "LPUSH", "HSET"]
+    token = first.token + 1
+    for change in (
+        lambda: store.dispatch("job", token, 30),
+        lambda: store.renew("job", token, 10),
+        lambda: store.finish("job", token, RunState.FAILED),
+    ):
+        assert _job_commands(store, "job", change) == ["HMGET", "HSET"]
+    history = store.history("job")
+    assert [(r.slot_ms, r.state, r.owner) for r in history] == [
+        (SLOT + 1000, RunState.FAILED, "b"),
+        (SLOT, RunState.DONE, "a"),
+    ]
+    assert all(r.ended_at is not None and r.ended_at >= r.started_at for r in history)
+    stats = store.stats(["job"])["job"]
+    assert (stats.runs, stats.done, stats.failed) == (2, 1, 1)
+    assert stats.last_failure is not None and stats.last_success is not None
+
+
+def test_the_history_is_cut_back_now_and_then_and_always_reads_its_newest_50(
+    store: RedisStore,
+) -> None:
+    ends = [RunState.DONE, RunState.FAILED, RunState.RELEASED]
+    for k in range(70):
+        holder = store.claim("job", SLOT + k * 1000, "a", 10).holder
+        assert holder is not None
+        assert store.change_many([Change("job", holder.token, ends[k % 3])]) == [True]
+    held = store.client.llen(store._keys("job")[1])
+    assert 50 <= held <= 50 + 16
+    history = store.history("job", 100)
+    assert [r.slot_ms for r in history] == [SLOT + k * 1000 for k in range(69, 19, -1)]
+    assert [r.state for r in history] == [ends[k % 3] for k in range(69, 19, -1)]
+
+
+def test_a_history_an_earlier_release_closed_in_place_reads_the_same(
+    store: RedisStore,
+) -> None:
+    """Entries an earlier release wrote (each closed in place when its run ended, no
+    ``prev``) are read as they are, beside and below the entries written now; a
+    lapsed run of that release is told lost by the takeover's entry."""
+    rk, hk = store._keys("job")
+    now = server_ms(store.client)
+    old = {"slot": SLOT, "attempt": 1, "token": 1, "owner": "old", "state": "done"}
+    store.client.rpush(hk, json.dumps({**old, "started": now - 5000, "ended": now - 4000}))
+    running = {"slot": SLOT + 1000, "attempt": 1, "token": 2, "owner": "old"}
+    store.client.lpush(hk, json.dumps({**running, "state": "running", "started": now - 3000}))
+    store.client.hset(
+        rk,
+        mapping={
+            "slot": SLOT + 1000, "owner": "old", "attempt": 1, "token": 2,
+            "state": "running", "expires": now - 1000, "n_runs": 2,
+        },
+    )  # fmt: skip
+    before = store.history("job")
+    assert [(r.token, r.state) for r in before] == [(2, RunState.RUNNING), (1, RunState.DONE)]
+    assert store.takeover("job", SLOT + 1000, "new", 10, 2).won
+    after = store.history("job")
+    assert [(r.token, r.attempt, r.owner, r.state) for r in after] == [
+        (3, 2, "new", RunState.RUNNING),
+        (2, 1, "old", RunState.LOST),
+        (1, 1, "old", RunState.DONE),
+    ]
+    assert after[1].ended_at is not None and after[2].ended_at == (now - 4000) / 1000
+    assert store.stats(["job"])["job"].runs == 3
+
+
 def test_a_client_passed_in_is_used_and_left_open(url: str, namespace: str) -> None:
     plain = url.replace("valkey://", "redis://", 1)
     client = redis.Redis.from_url(plain, decode_responses=True, socket_timeout=3)
@@ -230,28 +316,101 @@ def test_server_restart_and_freeze(own_server: servers.ServerProcess) -> None:
     url = f"redis://127.0.0.1:{own_server.port}/0"
     store = RedisStore.from_url(url, namespace="n", socket_timeout=0.5, socket_connect_timeout=1)
     try:
-        assert store.claim("job", SLOT, "a", 10).won
+        first = store.claim("job", SLOT, "a", 10)
+        assert first.won and first.holder is not None
         own_server.stop()
         started = time.monotonic()
         with pytest.raises(StoreUnavailable, match=f"127.0.0.1:{own_server.port}"):
-            store.renew("job", 1, 10)
+            store.renew("job", first.holder.token, 10)
         with pytest.raises(StoreUnavailable):
             store.states(["job"])
         assert time.monotonic() - started < 2
         own_server.start()
         assert store.state("job") is None  # not persisted: the lease vanished
         again = store.claim("job", SLOT, "b", 10)  # scripts reload by themselves
-        assert again.won and again.holder is not None and again.holder.token == 1
+        assert again.won and again.holder is not None
+        # Tokens rise across the loss: the first token is the server's clock.
+        assert again.holder.token > first.holder.token
+        token = again.holder.token
         # A frozen server: the operation times out instead of hanging.
         assert own_server.proc is not None
         servers.freeze(own_server.proc.pid)
         try:
             started = time.monotonic()
             with pytest.raises(StoreUnavailable):
-                store.renew("job", 1, 10)
+                store.renew("job", token, 10)
             assert time.monotonic() - started < 1.5
         finally:
             os.kill(own_server.proc.pid, signal.SIGCONT)
-        assert store.renew("job", 1, 10)
+        assert store.renew("job", token, 10)
     finally:
         store.close()
+
+
+def test_the_replicas_option_is_checked_when_the_store_opens() -> None:
+    for bad in ("replicas=x", "replicas=-1", "replica_timeout=0", "replica_timeout=soon"):
+        with pytest.raises(ConfigurationError, match=bad.split("=")[0]) as caught:
+            RedisStore.from_url(f"redis://:hush@127.0.0.1:1/0?{bad}", namespace="n")
+        assert "hush" not in str(caught.value)
+    with pytest.raises(ConfigurationError, match="replica_timeout within"):
+        RedisStore.from_url("redis://127.0.0.1:1/0?replicas=1&replica_timeout=5", namespace="n")
+    store = RedisStore.from_url(
+        "redis://127.0.0.1:1/0?replicas=2&replica_timeout=0.5", namespace="n"
+    )
+    assert (store.replicas, store.replica_timeout) == (2, 0.5)
+    store.close()
+
+
+def test_with_replicas_a_step_counts_once_a_replica_has_it(tmp_path: Path) -> None:
+    """``?replicas=1``: each step's writes wait for a replica's acknowledgement (WAIT). A
+    replica frozen: the claim was applied on the primary but does not count (an outage,
+    nothing run); the end sent again once it is back is accepted."""
+    binary = servers.redis_binary()
+    if binary is None:
+        servers.unavailable("a redis-server or valkey-server binary")
+    assert binary is not None
+    primary = servers.start_redis_like(binary, "durable-primary", tmp_path)
+    (tmp_path / "replica").mkdir()
+    port = servers.free_port()
+    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly"]
+    argv += [
+        "no",
+        "--dir",
+        str(tmp_path / "replica"),
+        "--replicaof",
+        "127.0.0.1",
+        str(primary.port),
+    ]
+    replica = servers.ServerProcess(argv, port, name="durable-replica").start()
+    url = f"redis://127.0.0.1:{primary.port}/0?replicas=1&replica_timeout=0.5"
+    store = RedisStore.from_url(url, namespace="durable")
+    try:
+        follows = redis.Redis(port=port)
+        wait_until(
+            lambda: follows.info("replication").get("master_link_status") == "up",
+            20,
+            "the replica to follow",
+        )
+        follows.close()
+        won = store.claim("job", SLOT, "a", 30)
+        assert won.won and won.holder is not None
+        assert replica.proc is not None
+        servers.freeze(replica.proc.pid)
+        try:
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailable, match="0 of the 1 replica"):
+                store.finish("job", won.holder.token, RunState.DONE)
+            assert time.monotonic() - started < 2
+            with pytest.raises(StoreUnavailable, match="replica"):
+                store.claim("other", SLOT, "a", 30)
+        finally:
+            os.kill(replica.proc.pid, signal.SIGCONT)
+        # Back: the end, sent again, is accepted; the claim refused before was not run
+        # and its record (applied on the primary) is a held slot a backup takes over.
+        assert store.finish("job", won.holder.token, RunState.DONE)
+        state = store.state("other")
+        assert state is not None and state.state is RunState.RUNNING
+    finally:
+        store.close()
+        replica.stop()
+        primary.stop()
