@@ -53,12 +53,14 @@ server's ``clock_timestamp()`` (``now()`` stands still for a transaction, so a
 statement that waited on a row lock would judge by a stale time). A row
 trigger keeps the history inside the same statement, as in the SQLite store.
 
-Caveats: libpq has no client-side query timeout, so a server that stops
-answering while its host still acknowledges TCP (a frozen process) blocks a
-call until it answers again; ``options=-c statement_timeout=5s`` in the URL
-bounds lock waits where no PgBouncer sits in between (the tests run against
-PostgreSQL 15 and 18 directly, not through PgBouncer). After a failover to an
-asynchronous replica, the commits it had not received are lost, claims too.
+Caveats: libpq has no client-side query timeout, so a call is cut after
+``CALL_TIMEOUTS`` times ``timeout`` (its socket shut down; a server that stops
+answering while its host still acknowledges TCP, a frozen process or a hung
+proxy, would otherwise block it for good) and raises ``StoreUnavailable``;
+``options=-c statement_timeout=5s`` in the URL bounds lock waits where no
+PgBouncer sits in between (the tests run against PostgreSQL 15 and 18
+directly, not through PgBouncer). After a failover to an asynchronous
+replica, the commits it had not received are lost, claims too.
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ import threading
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
+from functools import partial
 from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
@@ -103,12 +106,31 @@ from ..store import (
     refused,
 )
 from ..urls import redact, scrub, secrets_in
+from . import _deadlines as deadlines
 from ._sockets import input_waiting
 
 #: Seconds a call waits for a connection once the server was seen away.
 _DOWN_WAIT = 1.0
 #: The longest close() waits for the pool's threads.
 CLOSE_WAIT = 1.0
+#: A call (one use of a pooled connection) is cut after this many store timeouts.
+CALL_TIMEOUTS = 2
+
+
+def _cut(conn: psycopg.Connection[Any], cut: list[bool]) -> None:
+    """Shut ``conn``'s socket down, so that a call blocked on it returns (an outage)."""
+    import os
+    import socket
+
+    try:
+        fd = conn.pgconn.socket
+        cut.append(True)
+        with socket.socket(fileno=os.dup(fd)) as sock:
+            sock.shutdown(socket.SHUT_RDWR)
+    except (OSError, psycopg.Error):
+        pass
+
+
 #: Errors about the server, not one call: the engine backs off and retries. A
 #: session that may not write (a standby after a failover, a read-only
 #: database) refuses every write alike.
@@ -503,6 +525,7 @@ class PostgresStore(LeaseStore, RegistryStore, ControlStore, OnceStore):
 
     @contextmanager
     def _connection(self) -> Iterator[psycopg.Connection[Any]]:
+        cut: list[bool] = []  # set when the call's deadline cut it
         try:
             conn = self._pool.getconn(self._wait)
             if _dropped(conn):
@@ -513,6 +536,11 @@ class PostgresStore(LeaseStore, RegistryStore, ControlStore, OnceStore):
                 self._pool.putconn(conn)
                 self._pool.check()
                 conn = self._pool.getconn(self._wait)
+            # libpq has no client-side query timeout: a call whose request or answer
+            # is lost past the kernel (a proxy that hangs, a link that stalls while
+            # TCP is still acknowledged) would wait forever. Past the deadline its
+            # socket is shut down, which ends the call as an outage.
+            deadline = deadlines.arm(self.timeout * CALL_TIMEOUTS, partial(_cut, conn, cut))
             try:
                 if not self._ready:
                     self._create_schema(conn)
@@ -520,12 +548,15 @@ class PostgresStore(LeaseStore, RegistryStore, ControlStore, OnceStore):
                 if not conn.autocommit:
                     conn.commit()
             finally:
+                deadline.cancel()
                 self._pool.putconn(conn)
         except _UNAVAILABLE as exc:
             # While the server is away, fail fast instead of waiting the whole
             # timeout on every call: the engine backs off and decides leases.
             self._wait = min(self.timeout, _DOWN_WAIT)
             message = scrub(str(exc), self._secret)
+            if cut:
+                message = f"no answer within {self.timeout * CALL_TIMEOUTS:g} s: the call was cut"
             if isinstance(exc, PoolTimeout) and self.connect_error:
                 # "couldn't get a connection" says nothing: say what the server said.
                 message = f"cannot connect: {self.connect_error}"

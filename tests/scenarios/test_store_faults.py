@@ -482,3 +482,59 @@ def test_mysql_calls_behind_a_silent_link_fail_within_the_timeout_then_recover(
         store.close()
         proxy.close()
         drop_namespace(mysql_url, namespace)
+
+
+#: The PostgreSQL store's ``timeout`` in the test below; a call is cut after two.
+PG_TIMEOUT = 1.0
+
+
+@pytest.mark.timeout(60)
+def test_postgres_calls_behind_a_silent_link_are_cut_then_recover(postgres_url: str) -> None:
+    """libpq waits for an answer without a bound, and a link that goes silent while TCP
+    is still acknowledged (a hung proxy, a stalled middlebox) leaves nothing for the
+    kernel to time out: each call is cut after twice the store's ``timeout`` (its
+    socket shut down) and raises StoreUnavailable; once the link is back the store
+    answers again, with the lease it took intact."""
+    target = urlsplit(postgres_url)
+    proxy = TcpProxy(target.hostname or "127.0.0.1", target.port or 5432)
+    namespace = f"p{uuid.uuid4().hex[:10]}"
+    joiner = "&" if "?" in postgres_url else "?"
+    store = open_store(
+        proxy.url(postgres_url) + f"{joiner}timeout={PG_TIMEOUT:g}", namespace=namespace
+    )
+    assert isinstance(store, LeaseStore)
+    slot_ms = int(time.time()) * 1000
+
+    def took_to_fail(call: Callable[[], object]) -> float:
+        began = time.monotonic()
+        with pytest.raises(StoreUnavailable, match=r"no answer within 2 s|cannot connect|timeout"):
+            call()
+        return time.monotonic() - began
+
+    try:
+        won = store.claim("job", slot_ms, "a", 30)
+        assert won.won and won.holder is not None
+        token = won.holder.token
+        proxy.blackhole()
+        took = {
+            "renew": took_to_fail(lambda: store.renew("job", token, 30)),
+            "state": took_to_fail(lambda: store.state("job")),
+        }
+        assert all(t < 2 * PG_TIMEOUT + 1.5 for t in took.values()), took
+        proxy.restore()
+
+        def answers() -> bool:
+            try:
+                store.ping()
+            except StoreUnavailable:
+                return False
+            return True
+
+        wait_until(answers, 15, "the store to answer once the link is back")
+        state = store.state("job")
+        assert state is not None and state.token == token
+        assert store.renew("job", token, 30)
+    finally:
+        store.close()
+        proxy.close()
+        drop_namespace(postgres_url, namespace)
