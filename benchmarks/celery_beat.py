@@ -91,7 +91,6 @@ import math
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -107,6 +106,7 @@ from typing import Any
 import redis
 
 from anarchon_core.jobs import DEFAULT_JITTER
+from benchmarks.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The environment variable that configures the app of a benchmark beat (JSON).
@@ -122,6 +122,11 @@ PUBLISHED = "bench_published"
 TOGETHER_UP_TO = 100
 #: How long the beats of a case may take to start.
 START_TIMEOUT = 90.0
+#: The worker's processes, with ``--worker``.
+WORKER_CONCURRENCY = 2
+#: With a worker: how long after every process is up the window starts (beat hands
+#: slots off once the worker has answered its ``inspect conf``).
+WORKER_WARMUP = 6.0
 #: How long a beat has to exit after SIGTERM before it gets SIGKILL.
 STOP_TIMEOUT = 15.0
 
@@ -181,6 +186,8 @@ class Result:
     by_command: Counter[str]
     cpu: list[float]
     rss_mb: float
+    #: Of the messages published in the window, those sent with execution tracking.
+    tracked: int = 0
 
     @property
     def commands_per_slot(self) -> float:
@@ -230,6 +237,8 @@ def beat_app(config: dict[str, Any]) -> Any:
     if config.get("jitter") is not None:
         app.conf.anarchon_jitter = float(config["jitter"])
     ready = Path(config["ready"])
+    if config.get("record"):
+        _record_tasks(app, Path(config["record"]))
 
     def stamp(headers: dict[str, Any] | None = None, **_: Any) -> None:
         if headers is not None:
@@ -241,7 +250,33 @@ def beat_app(config: dict[str, Any]) -> Any:
 
     signals.before_task_publish.connect(stamp, weak=False)
     signals.beat_init.connect(started, weak=False)
+    signals.worker_ready.connect(started, weak=False)
     return app
+
+
+def _record_tasks(app: Any, path: Path) -> None:
+    """In a worker: the task every entry names, and a line per task started (no Redis
+    command of its own), which the benchmark reads in place of the queue."""
+    from celery import signals
+
+    @app.task(name=TASK)
+    def noop() -> None:
+        return None
+
+    def started(task: Any = None, **_: Any) -> None:
+        request = task.request
+        line = {
+            "headers": {
+                ENTRY: getattr(request, ENTRY, None),
+                PUBLISHED: getattr(request, PUBLISHED, None),
+                "anarchon": getattr(request, "anarchon", None),
+            },
+            "started": time.time(),
+        }
+        with open(path, "a") as out:  # one write per line: processes may share the file
+            out.write(json.dumps(line) + "\n")
+
+    signals.task_prerun.connect(started, weak=False)
 
 
 #: ``celery -A benchmarks.celery_beat beat``: the app, in a benchmark beat only.
@@ -249,13 +284,6 @@ app: Any = beat_app(json.loads(os.environ[CONFIG])) if CONFIG in os.environ else
 
 
 # -- processes -------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def stop_group(proc: subprocess.Popen[bytes], timeout: float = STOP_TIMEOUT) -> None:
@@ -389,6 +417,11 @@ class CaseRun:
     consumer: Consumer | None = None
     probe: redis.Redis | None = None
     beats: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    #: With a worker: it runs the tasks and writes a line per task (the queue is its).
+    worker: subprocess.Popen[bytes] | None = None
+    with_worker: bool = False
+    #: The worker's lines, read before the case's directory goes.
+    ran: list[str] = field(default_factory=list)
     begun: Window | None = None
     ended: Window | None = None
     rss_mb: float = 0.0
@@ -398,10 +431,15 @@ class CaseRun:
     def ready_dir(self) -> Path:
         return self.tmp / "ready"
 
+    @property
+    def record(self) -> Path:
+        return self.tmp / "tasks.jsonl"
+
     def start(self) -> None:
         self.redis_proc, self.url = start_redis(self.tmp)
-        self.consumer = Consumer(self.url)
-        self.consumer.start()
+        if not self.with_worker:
+            self.consumer = Consumer(self.url)
+            self.consumer.start()
         # Connected now: connecting sends commands of its own (CLIENT SETINFO).
         self.probe = redis.Redis.from_url(self.url, socket_timeout=10)
         self.probe.ping()
@@ -413,9 +451,21 @@ class CaseRun:
             "scheduler": self.case.scheduler,
             "jitter": self.case.jitter,
             "ready": str(self.ready_dir),
+            "record": str(self.record) if self.with_worker else None,
         }
         env = dict(os.environ, **{CONFIG: json.dumps(config)})
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+        if self.with_worker:
+            worker = [sys.executable, "-m", "celery", "-A", "benchmarks.celery_beat", "worker"]
+            with open(self.tmp / "worker.log", "wb") as log:
+                self.worker = subprocess.Popen(
+                    [*worker, "--concurrency", str(WORKER_CONCURRENCY), "--loglevel", "INFO"],
+                    cwd=self.tmp,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
         argv = [sys.executable, "-m", "celery", "-A", "benchmarks.celery_beat", "beat"]
         if self.case.scheduler == "anarchon":
             argv += ["--scheduler", "anarchon_celery:Scheduler"]
@@ -438,19 +488,23 @@ class CaseRun:
     def ready(self) -> bool:
         """Whether every beat has started; a beat that exited is an error."""
         self.check_alive("exited before it started")
-        return len(list(self.ready_dir.iterdir())) >= len(self.beats)
+        expected = len(self.beats) + (self.worker is not None)
+        return len(list(self.ready_dir.iterdir())) >= expected
 
     def check_alive(self, what: str) -> None:
-        for k, proc in enumerate(self.beats):
+        procs = [(f"beat {k}", f"beat-{k}.log", proc) for k, proc in enumerate(self.beats)]
+        if self.worker is not None:
+            procs.append(("the worker", "worker.log", self.worker))
+        for name, file, proc in procs:
             if proc.poll() is not None:
-                log = (self.tmp / f"beat-{k}.log").read_text(errors="replace")[-3000:]
+                log = (self.tmp / file).read_text(errors="replace")[-3000:]
                 raise RuntimeError(
-                    f"{self.case.label}: beat {k} {what} (status {proc.returncode}):\n{log}"
+                    f"{self.case.label}: {name} {what} (status {proc.returncode}):\n{log}"
                 )
 
     def read(self) -> Window:
-        assert self.consumer is not None and self.probe is not None
-        own = Counter(self.consumer.commands)
+        assert self.probe is not None
+        own = Counter(self.consumer.commands if self.consumer is not None else {})
         info: dict[str, Any] = self.probe.info("all")
         return Window(time.time(), [cpu_seconds(p.pid) for p in self.beats], info, own)
 
@@ -468,6 +522,9 @@ class CaseRun:
         self.stopped = True
         try:
             stop_groups(self.beats)
+            if self.worker is not None:
+                time.sleep(0.5)  # what the beats sent last is run
+                stop_group(self.worker)
             if self.consumer is not None:
                 time.sleep(0.2)  # what the beats sent last is popped
                 self.consumer.finish()
@@ -476,18 +533,26 @@ class CaseRun:
         finally:
             if self.redis_proc is not None:
                 stop_group(self.redis_proc)
+            if self.record.exists():
+                self.ran = self.record.read_text().splitlines()
             shutil.rmtree(self.tmp, ignore_errors=True)
 
+    def messages(self) -> list[dict[str, Any]]:
+        """What each message published says: its headers (and, run by a worker, when)."""
+        if self.consumer is not None:
+            return [json.loads(raw) for raw in self.consumer.raw]
+        return [json.loads(line) for line in self.ran if line]
+
     def result(self) -> Result:
-        assert self.consumer is not None and self.begun is not None and self.ended is not None
+        assert self.begun is not None and self.ended is not None
         start, end = self.begun.at, self.ended.at
         messages: Messages = defaultdict(list)
-        for raw in self.consumer.raw:
-            headers = json.loads(raw)["headers"]
+        for message in self.messages():
+            headers = message["headers"]
             messages[headers[ENTRY]].append((float(headers[PUBLISHED]), headers))
-        published = sum(
-            1 for sent in messages.values() for stamp, _ in sent if start <= stamp <= end
-        )
+        inside = [h for sent in messages.values() for stamp, h in sent if start <= stamp <= end]
+        published = len(inside)
+        tracked = sum(1 for headers in inside if (headers.get("anarchon") or {}).get("tracked"))
         analyse = anarchon_slots if self.case.scheduler == "anarchon" else interval_sends
         sends = analyse(messages, self.entries, self.every, start, end)
         commands, by_command = command_counts(self.begun, self.ended)
@@ -503,6 +568,7 @@ class CaseRun:
             by_command,
             cpu,
             self.rss_mb,
+            tracked,
         )
 
 
@@ -616,12 +682,26 @@ def interval_sends(
 
 
 def results(
-    entries: int, seconds: float, every: float = 10.0, together: bool | None = None
+    entries: int,
+    seconds: float,
+    every: float = 10.0,
+    together: bool | None = None,
+    worker: bool = False,
+    only: str | None = None,
 ) -> Iterator[Result]:
-    """Run every case and yield its result: one after another, or all at once."""
+    """Run every case and yield its result: one after another, or all at once.
+
+    ``worker``: a Celery worker runs the tasks (execution tracking on for
+    anarchon's), and its commands count; else the benchmark pops the queue.
+    ``only``: the cases of that scheduler alone.
+    """
     if together is None:
         together = entries <= TOGETHER_UP_TO
-    runs = [CaseRun(case, entries, every) for case in cases(every)]
+    runs = [
+        CaseRun(case, entries, every, with_worker=worker)
+        for case in cases(every)
+        if only is None or case.scheduler == only
+    ]
     groups = [runs] if together else [[run] for run in runs]
     try:
         for group in groups:
@@ -640,6 +720,8 @@ def _run_group(group: list[CaseRun], seconds: float) -> list[Result]:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the beats did not start within {START_TIMEOUT:g}s")
             time.sleep(0.05)
+        if any(run.with_worker for run in group):
+            time.sleep(WORKER_WARMUP)
         for run in group:
             run.begin()
         time.sleep(seconds)
@@ -651,9 +733,16 @@ def _run_group(group: list[CaseRun], seconds: float) -> list[Result]:
     return [run.result() for run in group]
 
 
-def run(entries: int, seconds: float, every: float = 10.0) -> list[str]:
+def run(
+    entries: int,
+    seconds: float,
+    every: float = 10.0,
+    worker: bool = False,
+    together: bool | None = None,
+) -> list[str]:
     """The table's rows, one per case (see :data:`HEADER`)."""
-    return [result.row() for result in results(entries, seconds, every)]
+    found = results(entries, seconds, every, together, worker=worker)
+    return [result.row() for result in found]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -672,10 +761,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--commands", action="store_true", help="then print each case's Redis commands per slot"
     )
+    parser.add_argument(
+        "--worker",
+        action="store_true",
+        help="a Celery worker runs the tasks (anarchon: tracking on), its commands counted",
+    )
+    parser.add_argument("--only", choices=["anarchon", "redbeat", "beat"], help="one scheduler")
     args = parser.parse_args(argv)
     done = []
     print(HEADER, flush=True)
-    for result in results(args.entries, args.seconds, args.every, args.together):
+    for result in results(
+        args.entries, args.seconds, args.every, args.together, args.worker, args.only
+    ):
         done.append(result)
         print(result.row(), flush=True)
     if args.commands:

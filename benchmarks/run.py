@@ -20,7 +20,9 @@ The suite, each part a table of docs/benchmarks.md (``engine``: the cases of
 :data:`SUITE`; ``overload``: the cases of :data:`OVERLOAD`, more jobs than the
 fleet keeps up with; ``failover``: benchmarks/failover.py; ``celery``:
 benchmarks/celery_beat.py; ``scale``: the cases of :data:`SCALE`, 100,000 jobs x
-10 instances on a Redis Cluster and on PostgreSQL; ``apscheduler``:
+10 instances on a Redis Cluster and on PostgreSQL; ``celery-worker``: the same
+with 200 entries and a real Celery worker running the tasks; ``dramatiq``:
+benchmarks/dramatiq_pods.py, 3 Dramatiq pods sending and running 200 actors; ``apscheduler``:
 benchmarks/apscheduler_peer.py beside anarchon on PostgreSQL; ``django``: benchmarks/django_beat.py,
 django-celery-beat's rows; ``once``: benchmarks/once.py, 100,000 pending one-offs;
 ``cost``: benchmarks/cost.py, the engine's CPU per job per tick, in-process;
@@ -386,6 +388,8 @@ PARTS = (
     "scale",
     "failover",
     "celery",
+    "celery-worker",
+    "dramatiq",
     "apscheduler",
     "django",
     "once",
@@ -472,6 +476,15 @@ def suite_part(part: str) -> tuple[str, list[str]]:
         from benchmarks import celery_beat
 
         return celery_beat.HEADER, celery_beat.run(entries=1000, seconds=60)
+    if part == "celery-worker":
+        from benchmarks import celery_beat
+
+        rows = celery_beat.run(entries=200, seconds=60, worker=True, together=False)
+        return celery_beat.HEADER, rows
+    if part == "dramatiq":
+        from benchmarks import dramatiq_pods
+
+        return dramatiq_pods.HEADER, dramatiq_pods.run(actors=200, seconds=60)
     if part == "lookahead":
         from benchmarks.delay import relay
 

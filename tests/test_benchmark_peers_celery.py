@@ -1,13 +1,16 @@
-"""A seconds-long smoke of the Celery beat benchmark (benchmarks/celery_beat.py).
+"""Seconds-long smokes of the Celery beat benchmark (benchmarks/celery_beat.py) and of
+the Dramatiq pods' (benchmarks/dramatiq_pods.py).
 
 Real ``celery beat`` processes (anarchon twice, celery-redbeat, stock beat) on
 private redis-servers, with 20 entries every 2 s for 12 s: every row is
-measured, nothing is published twice, and anarchon misses no slot.
+measured, nothing is published twice, and anarchon misses no slot. With a
+real Celery worker running the tasks (``--worker``), anarchon's beats hand the
+slots off to it (execution tracking), each slot run once.
 """
 
 from __future__ import annotations
 
-from benchmarks.celery_beat import HEADER, run
+from benchmarks.celery_beat import HEADER, results, run
 
 
 def test_a_short_celery_beat_benchmark_sends_each_slot_once() -> None:
@@ -23,3 +26,22 @@ def test_a_short_celery_beat_benchmark_sends_each_slot_once() -> None:
             assert cells["Missed"] == "0", row
         assert float(cells["Redis commands per slot"]) > 0, row
         assert float(cells["Peak RSS (MB)"]) > 0, row
+
+
+def test_with_a_worker_anarchons_slots_are_handed_off_and_run_once() -> None:
+    found = results(10, seconds=8, every=2, worker=True, only="anarchon", together=False)
+    result = next(found)  # the default jitter's case
+    found.close()
+    assert result.published > 0 and result.tracked == result.published
+    assert result.sends.duplicated == 0 and result.sends.missed == 0
+    assert result.commands_per_slot > 0
+
+
+def test_dramatiq_pods_hand_each_slot_off_and_run_it_once() -> None:
+    """3 real ``dramatiq`` pods with the Anarchon middleware on a private Redis."""
+    from benchmarks.dramatiq_pods import measure
+
+    result = measure(actors=10, seconds=6, every=2)
+    assert result.slots > 0 and result.tracked == result.slots
+    assert result.duplicated == 0 and result.missed == 0
+    assert result.commands_per_slot > 0
