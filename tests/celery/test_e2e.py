@@ -73,7 +73,10 @@ def test_a_worker_killed_mid_task_is_followed_by_attempt_2(
     )[0]
     assert again["slot_id"] == first["slot_id"]
     assert again["worker"] != first["worker"]
-    assert again["t"] - killed_at <= 3 + 2  # lease + 2 s
+    # Taken over once the 3 s lease lapsed, well before the 12 s the dead attempt
+    # would have run (the margin: a beat's next step, the send and the pick-up on
+    # a machine loaded by the rest of the suite).
+    assert again["t"] - killed_at <= 3 + 5
     assert again["task_id"].endswith(":2")
 
 

@@ -59,7 +59,7 @@ STARTED = re.compile(r"anarchon: \d+ entr.*, store ")
 pytestmark = pytest.mark.scenario
 
 #: Stops per store (``ANARCHON_SIGTERM_STOPS=200`` for the soak).
-STOPS = int(os.environ.get("ANARCHON_SIGTERM_STOPS", "20"))
+STOPS = int(os.environ.get("ANARCHON_SIGTERM_STOPS", "12"))
 #: Beats stopped and restarted side by side, each in its own namespace.
 BEATS = int(os.environ.get("ANARCHON_SIGTERM_BEATS", "4"))
 #: The base seed of the random delays; printed, and named by every failure.

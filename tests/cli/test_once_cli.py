@@ -55,7 +55,7 @@ def test_once_asks_for_a_run_at_its_time_and_a_scheduler_runs_it_once(tmp_path: 
         assert done.returncode == EXIT_OK, shown(done)
         rows = [line for line in done.stdout.splitlines() if "report" in line]
         assert len(rows) == 1 and at.strftime("%Y-%m-%d %H:%M:%S") in rows[0], shown(done)
-        wait_until(lambda: ran, 25, "the one-off to run")
+        wait_until(lambda: any(slot_id == slot for slot_id, _ in ran), 25, "the one-off to run")
         wait_until(
             lambda: anarchon("once", "--pending", "--store", url).returncode == EXIT_EMPTY,
             10,
@@ -63,8 +63,12 @@ def test_once_asks_for_a_run_at_its_time_and_a_scheduler_runs_it_once(tmp_path: 
         )
     finally:
         scheduler.stop()
-    assert [slot_id for slot_id, _ in ran] == [slot]
-    assert ran[0][1] >= at.timestamp()
+    # The job's own hourly grid runs as well (its latest hour is caught up when the
+    # scheduler starts just after one); the one-off ran once, not before its time.
+    once = [(slot_id, when) for slot_id, when in ran if slot_id == slot]
+    assert len(once) == 1 and once[0][1] >= at.timestamp(), ran
+    hours = [slot_id for slot_id, _ in ran if slot_id != slot]
+    assert all(int(slot_id.split("@")[1]) % 3_600_000 == 0 for slot_id in hours), ran
     done = anarchon("history", "report", "--store", url)
     assert at.strftime("%Y-%m-%d %H:%M:%S") in done.stdout, shown(done)
 
