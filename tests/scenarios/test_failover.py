@@ -149,16 +149,10 @@ def test_sentinel_failovers_under_load_are_measured(durable: bool, tmp_path: Pat
         url += "?replicas=1&replica_timeout=0.5"
     runs = Runs()
     namespace = f"failover-{uuid.uuid4().hex[:8]}"
-    fleet = [
-        Scheduler(url, namespace=namespace, instance=name, lease=LEASE, jitter=0)
-        for name in ("a", "b", "c")
-    ]
+    fleet: list[Scheduler] = []
     figures: list[dict[str, Any]] = []
     try:
-        for scheduler in fleet:
-            for k in range(JOBS):
-                scheduler.add_job(runs.handler, name=f"job{k}", every=1)
-            scheduler.start()
+        _start_fleet(url, namespace, runs, fleet)
         wait_until(lambda: len(runs.since(0)) >= 2 * JOBS, 30, "the jobs to run")
         for _ in range(FAILOVERS):
             before = time.monotonic()
@@ -198,17 +192,34 @@ def test_sentinel_failovers_under_load_are_measured(durable: bool, tmp_path: Pat
         sentinel.stop()
         for server in data:
             server.stop()
-    totals = _totals(figures)
-    print(json.dumps(totals))
-    if FIGURES:
-        with open(FIGURES, "a") as out:
-            out.write(json.dumps({"store": "redis+sentinel", "durable": durable, **totals}) + "\n")
-    assert len(figures) == FAILOVERS
+    totals = _report("redis+sentinel", durable, figures)
     if durable:
         # No claim is lost with the primary: no slot is claimed twice. (A run whose end
         # could not be recorded for longer than its lease, while no replica answered, is
         # taken over as any run whose end the store never got: counted in ``doubled``.)
         assert totals["reclaimed"] == 0, totals
+
+
+def _report(store: str, durable: bool, figures: list[dict[str, Any]]) -> dict[str, Any]:
+    """The figures of every failover of a run, added up: printed, written where
+    ``ANARCHON_FAILOVER_FIGURES`` says, and returned; every failover was made."""
+    totals = _totals(figures)
+    print(json.dumps(totals))
+    if FIGURES:
+        with open(FIGURES, "a") as out:
+            out.write(json.dumps({"store": store, "durable": durable, **totals}) + "\n")
+    assert len(figures) == FAILOVERS
+    return totals
+
+
+def _start_fleet(url: str, namespace: str, runs: Runs, fleet: list[Scheduler]) -> None:
+    """Three schedulers (added to ``fleet`` as they start) sharing the jobs, every second."""
+    for name in ("a", "b", "c"):
+        scheduler = Scheduler(url, namespace=namespace, instance=name, lease=LEASE, jitter=0)
+        fleet.append(scheduler)
+        for k in range(JOBS):
+            scheduler.add_job(runs.handler, name=f"job{k}", every=1)
+        scheduler.start()
 
 
 def _totals(figures: list[dict[str, Any]]) -> dict[str, Any]:
@@ -374,14 +385,7 @@ def test_postgres_standby_failovers_under_load_are_measured(sync: bool) -> None:
     figures: list[dict[str, Any]] = []
     try:
         pair.start(home)
-        for name in ("a", "b", "c"):
-            scheduler = Scheduler(
-                pair.url(), namespace=namespace, instance=name, lease=LEASE, jitter=0
-            )
-            fleet.append(scheduler)
-            for k in range(JOBS):
-                scheduler.add_job(runs.handler, name=f"job{k}", every=1)
-            scheduler.start()
+        _start_fleet(pair.url(), namespace, runs, fleet)
         wait_until(lambda: len(runs.since(0)) >= 2 * JOBS, 30, "the jobs to run")
         for _ in range(FAILOVERS):
             before = time.monotonic()
@@ -402,12 +406,7 @@ def test_postgres_standby_failovers_under_load_are_measured(sync: bool) -> None:
             scheduler.stop()
         pair.stop()
         shutil.rmtree(home, ignore_errors=True)
-    totals = _totals(figures)
-    print(json.dumps(totals))
-    if FIGURES:
-        with open(FIGURES, "a") as out:
-            out.write(json.dumps({"store": "postgresql", "durable": sync, **totals}) + "\n")
-    assert len(figures) == FAILOVERS
+    totals = _report("postgresql", sync, figures)
     if sync:
         # Every claim acknowledged was on the standby before: none is claimed twice.
         assert totals["reclaimed"] == 0, totals
@@ -527,14 +526,7 @@ def test_nats_cluster_failovers_under_load_are_measured(wheel: bool, tmp_path: P
     figures: list[dict[str, Any]] = []
     try:
         cluster.start()
-        for name in ("a", "b", "c"):
-            scheduler = Scheduler(
-                cluster.url(3), namespace=namespace, instance=name, lease=LEASE, jitter=0
-            )
-            fleet.append(scheduler)
-            for k in range(JOBS):
-                scheduler.add_job(runs.handler, name=f"job{k}", every=1)
-            scheduler.start()
+        _start_fleet(cluster.url(3), namespace, runs, fleet)
         wait_until(lambda: len(runs.since(0)) >= 2 * JOBS, 60, "the jobs to run")
         wait_until(lambda: cluster.settled(stream), 30, "the bucket's three servers")
         for _ in range(FAILOVERS):
@@ -562,12 +554,6 @@ def test_nats_cluster_failovers_under_load_are_measured(wheel: bool, tmp_path: P
         for scheduler in fleet:
             scheduler.stop()
         cluster.stop()
-    totals = _totals(figures)
-    print(json.dumps(totals))
-    if FIGURES:
-        with open(FIGURES, "a") as out:
-            named = ".".join(map(str, version))
-            out.write(json.dumps({"store": f"nats-{named}", "durable": True, **totals}) + "\n")
-    assert len(figures) == FAILOVERS
+    totals = _report("nats-" + ".".join(map(str, version)), True, figures)
     if version >= (2, 11):
         assert totals["reclaimed"] == 0, totals

@@ -445,43 +445,58 @@ def test_mysql_calls_behind_a_silent_link_fail_within_the_timeout_then_recover(
     url = proxy.url(mysql_url) + f"?timeout={MYSQL_TIMEOUT:g}"
     store = open_store(url, namespace=namespace)
     assert isinstance(store, LeaseStore)
-    slot_ms = int(time.time()) * 1000
-
-    def took_to_fail(call: Callable[[], object]) -> float:
-        began = time.monotonic()
-        with pytest.raises(StoreUnavailable):
-            call()
-        return time.monotonic() - began
-
     try:
-        won = store.claim("job", slot_ms, "a", 30)
-        assert won.won and won.holder is not None
-        token = won.holder.token
-        proxy.blackhole()
-        took = {
-            "renew": took_to_fail(lambda: store.renew("job", token, 30)),
-            "state": took_to_fail(lambda: store.state("job")),
-            "claim": took_to_fail(lambda: store.claim("other", slot_ms, "a", 30)),
-            "ping": took_to_fail(store.ping),
-        }
+        took = _silent_then_back(store, proxy, StoreUnavailable, with_claim_and_ping=True)
         assert all(t < MYSQL_TIMEOUT + 1.5 for t in took.values()), took
-        proxy.restore()
-
-        def answers() -> bool:
-            try:
-                store.ping()
-            except StoreUnavailable:
-                return False  # a connection cut mid-answer may fail once
-            return True
-
-        wait_until(answers, 15, "the store to answer once the link is back")
-        state = store.state("job")
-        assert state is not None and state.token == token
-        assert store.renew("job", token, 30)
     finally:
         store.close()
         proxy.close()
         drop_namespace(mysql_url, namespace)
+
+
+def _silent_then_back(
+    store: LeaseStore,
+    proxy: TcpProxy,
+    expected: type[Exception] | tuple[type[Exception], ...],
+    *,
+    match: str | None = None,
+    with_claim_and_ping: bool = False,
+) -> dict[str, float]:
+    """A lease taken, the link made silent, calls failing (how long each took to fail,
+    returned), the link back: the store answers again and the lease is intact."""
+    slot_ms = int(time.time()) * 1000
+
+    def took_to_fail(call: Callable[[], object]) -> float:
+        began = time.monotonic()
+        with pytest.raises(expected, match=match):
+            call()
+        return time.monotonic() - began
+
+    won = store.claim("job", slot_ms, "a", 30)
+    assert won.won and won.holder is not None
+    token = won.holder.token
+    proxy.blackhole()
+    took = {
+        "renew": took_to_fail(lambda: store.renew("job", token, 30)),
+        "state": took_to_fail(lambda: store.state("job")),
+    }
+    if with_claim_and_ping:
+        took["claim"] = took_to_fail(lambda: store.claim("other", slot_ms, "a", 30))
+        took["ping"] = took_to_fail(store.ping)
+    proxy.restore()
+
+    def answers() -> bool:
+        try:
+            store.ping()
+        except StoreUnavailable:
+            return False  # a connection cut mid-answer may fail once
+        return True
+
+    wait_until(answers, 15, "the store to answer once the link is back")
+    state = store.state("job")
+    assert state is not None and state.token == token
+    assert store.renew("job", token, 30)
+    return took
 
 
 #: The PostgreSQL store's ``timeout`` in the test below; a call is cut after two.
@@ -503,37 +518,11 @@ def test_postgres_calls_behind_a_silent_link_are_cut_then_recover(postgres_url: 
         proxy.url(postgres_url) + f"{joiner}timeout={PG_TIMEOUT:g}", namespace=namespace
     )
     assert isinstance(store, LeaseStore)
-    slot_ms = int(time.time()) * 1000
-
-    def took_to_fail(call: Callable[[], object]) -> float:
-        began = time.monotonic()
-        with pytest.raises(StoreUnavailable, match=r"no answer within 2 s|cannot connect|timeout"):
-            call()
-        return time.monotonic() - began
-
     try:
-        won = store.claim("job", slot_ms, "a", 30)
-        assert won.won and won.holder is not None
-        token = won.holder.token
-        proxy.blackhole()
-        took = {
-            "renew": took_to_fail(lambda: store.renew("job", token, 30)),
-            "state": took_to_fail(lambda: store.state("job")),
-        }
+        took = _silent_then_back(
+            store, proxy, StoreUnavailable, match=r"no answer within 2 s|cannot connect|timeout"
+        )
         assert all(t < 2 * PG_TIMEOUT + 1.5 for t in took.values()), took
-        proxy.restore()
-
-        def answers() -> bool:
-            try:
-                store.ping()
-            except StoreUnavailable:
-                return False
-            return True
-
-        wait_until(answers, 15, "the store to answer once the link is back")
-        state = store.state("job")
-        assert state is not None and state.token == token
-        assert store.renew("job", token, 30)
     finally:
         store.close()
         proxy.close()
