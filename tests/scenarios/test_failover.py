@@ -41,6 +41,7 @@ import subprocess
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -154,15 +155,14 @@ def test_sentinel_failovers_under_load_are_measured(durable: bool, tmp_path: Pat
     try:
         _start_fleet(url, namespace, runs, fleet)
         wait_until(lambda: len(runs.since(0)) >= 2 * JOBS, 30, "the jobs to run")
-        for _ in range(FAILOVERS):
-            before = time.monotonic()
-            wait_until(lambda: time.monotonic() > before + 3, 5, "runs before the kill")
+
+        def fail_over() -> tuple[float, float]:
             master = _master_port(sentinel.port)
             assert master is not None
             killed_at = time.monotonic()
             by_port[master].stop(signal.SIGKILL)
             wait_until(
-                lambda master=master: _master_port(sentinel.port) not in (None, master),
+                lambda: _master_port(sentinel.port) not in (None, master),
                 30,
                 "the sentinel to promote the replica",
             )
@@ -176,16 +176,11 @@ def test_sentinel_failovers_under_load_are_measured(durable: bool, tmp_path: Pat
                 lambda: _replicated(sentinel.port),
                 60,
                 "the primary the sentinel names to have a replica again",
-                seen=lambda master=master: _replication(master, sentinel.port),
+                seen=lambda: _replication(master, sentinel.port),
             )
-            # Runs go on after the promotion: every job's slots are claimed again.
-            wait_until(
-                lambda at=promoted_at: len({x["slot"] for x in runs.since(at)}) >= 2 * JOBS,
-                30,
-                "slots to run after the promotion",
-            )
-            window = runs.since(killed_at - 2)
-            figures.append(_figures(window, killed_at, promoted_at))
+            return killed_at, promoted_at
+
+        _fail_over_repeatedly(runs, figures, fail_over)
     finally:
         for scheduler in fleet:
             scheduler.stop()
@@ -210,6 +205,24 @@ def _report(store: str, durable: bool, figures: list[dict[str, Any]]) -> dict[st
             out.write(json.dumps({"store": store, "durable": durable, **totals}) + "\n")
     assert len(figures) == FAILOVERS
     return totals
+
+
+def _fail_over_repeatedly(
+    runs: Runs, figures: list[dict[str, Any]], fail_over: Callable[[], tuple[float, float]]
+) -> None:
+    """``FAILOVERS`` times: runs for 3 s, ``fail_over()`` (the kill and the promotion's
+    monotonic times, the killed server back as a replica), then every job's slots claimed
+    again; the figures of each failover appended to ``figures``."""
+    for _ in range(FAILOVERS):
+        before = time.monotonic()
+        wait_until(lambda: time.monotonic() > before + 3, 5, "runs before the kill")
+        killed_at, promoted_at = fail_over()
+        wait_until(
+            lambda: len({x["slot"] for x in runs.since(promoted_at)}) >= 2 * JOBS,
+            30,
+            "slots to run after the promotion",
+        )
+        figures.append(_figures(runs.since(killed_at - 2), killed_at, promoted_at))
 
 
 def _start_fleet(url: str, namespace: str, runs: Runs, fleet: list[Scheduler]) -> None:
@@ -387,20 +400,16 @@ def test_postgres_standby_failovers_under_load_are_measured(sync: bool) -> None:
         pair.start(home)
         _start_fleet(pair.url(), namespace, runs, fleet)
         wait_until(lambda: len(runs.since(0)) >= 2 * JOBS, 30, "the jobs to run")
-        for _ in range(FAILOVERS):
-            before = time.monotonic()
-            wait_until(lambda: time.monotonic() > before + 3, 5, "runs before the kill")
+
+        def fail_over() -> tuple[float, float]:
             killed = pair.primary
             killed_at = time.monotonic()
             pair.fail_over()
             promoted_at = time.monotonic()
             pair.follow(killed)
-            wait_until(
-                lambda at=promoted_at: len({x["slot"] for x in runs.since(at)}) >= 2 * JOBS,
-                30,
-                "slots to run after the promotion",
-            )
-            figures.append(_figures(runs.since(killed_at - 2), killed_at, promoted_at))
+            return killed_at, promoted_at
+
+        _fail_over_repeatedly(runs, figures, fail_over)
     finally:
         for scheduler in fleet:
             scheduler.stop()
@@ -529,27 +538,23 @@ def test_nats_cluster_failovers_under_load_are_measured(wheel: bool, tmp_path: P
         _start_fleet(cluster.url(3), namespace, runs, fleet)
         wait_until(lambda: len(runs.since(0)) >= 2 * JOBS, 60, "the jobs to run")
         wait_until(lambda: cluster.settled(stream), 30, "the bucket's three servers")
-        for _ in range(FAILOVERS):
-            before = time.monotonic()
-            wait_until(lambda: time.monotonic() > before + 3, 5, "runs before the kill")
+
+        def fail_over() -> tuple[float, float]:
             leader = cluster.leader(stream)
             assert leader is not None
             killed_at = time.monotonic()
             cluster.servers[leader].stop(signal.SIGKILL)
             wait_until(
-                lambda leader=leader: cluster.leader(stream) not in (None, leader),
+                lambda: cluster.leader(stream) not in (None, leader),
                 60,
                 "the two others to elect a leader",
             )
             promoted_at = time.monotonic()
             cluster.servers[leader].start()
             wait_until(lambda: cluster.settled(stream), 60, "the killed server to catch up")
-            wait_until(
-                lambda at=promoted_at: len({x["slot"] for x in runs.since(at)}) >= 2 * JOBS,
-                30,
-                "slots to run after the election",
-            )
-            figures.append(_figures(runs.since(killed_at - 2), killed_at, promoted_at))
+            return killed_at, promoted_at
+
+        _fail_over_repeatedly(runs, figures, fail_over)
     finally:
         for scheduler in fleet:
             scheduler.stop()

@@ -198,11 +198,22 @@ def _slot_seconds(slot_ids: set[str]) -> list[float]:
     return [int(slot_id.rpartition("@")[2]) / 1000 for slot_id in slot_ids]
 
 
-def _fleet(net: Network, kind: str, tmp_path: Path) -> Fleet:
+#: The instances of every case, each on a host of its own.
+NAMES = ["a", "b", "c"]
+
+
+def _fleet(net: Network, kind: str, tmp_path: Path, every: float, work: float) -> Fleet:
+    """The store's server on a host of its own, and the instances running one job
+    (``every`` seconds, runs of ``work`` seconds), all up."""
     store = net.host("store")
     url = _server_on(kind, store, tmp_path / "server")
     port = int(url.rsplit(":", 1)[1].split("/")[0])
-    return Fleet(net, store, port, url, tmp_path / "report.jsonl")
+    fleet = Fleet(net, store, port, url, tmp_path / "report.jsonl")
+    flags = ["--every", f"{every:g}", "--work", f"{work:g}", "--lease", str(LEASE)]
+    for name in NAMES:
+        fleet.start(name, *flags, "--jitter", "0")
+    fleet.up(NAMES)
+    return fleet
 
 
 def _first_run(fleet: Fleet) -> Line:
@@ -274,11 +285,7 @@ def test_a_runner_cut_off_stops_believing_before_a_backup_starts(
     kind: str, how: str, tmp_path: Path
 ) -> None:
     with network() as net:
-        fleet = _fleet(net, kind, tmp_path)
-        flags = ["--every", "30", "--work", "12", "--lease", str(LEASE), "--jitter", "0"]
-        for name in ("a", "b", "c"):
-            fleet.start(name, *flags)
-        fleet.up(["a", "b", "c"])
+        fleet = _fleet(net, kind, tmp_path, every=30, work=12)
         first = _first_run(fleet)
         # Cut a heartbeat (a third of the lease) into the run, counted from its start.
         time.sleep(max(0.0, first["t"] + LEASE / 3 - time.time()))
@@ -311,13 +318,9 @@ def test_a_runner_cut_off_stops_believing_before_a_backup_starts(
 @pytest.mark.parametrize("kind", STORES if ALL else ["redis"])
 def test_a_backup_cut_off_does_nothing_wrong_when_healed(kind: str, tmp_path: Path) -> None:
     with network() as net:
-        fleet = _fleet(net, kind, tmp_path)
-        flags = ["--every", "2", "--work", "0.3", "--lease", str(LEASE), "--jitter", "0"]
-        for name in ("a", "b", "c"):
-            fleet.start(name, *flags)
-        fleet.up(["a", "b", "c"])
+        fleet = _fleet(net, kind, tmp_path, every=2, work=0.3)
         first = _first_run(fleet)
-        backup = next(name for name in ("a", "b", "c") if name != first["instance"])
+        backup = next(name for name in NAMES if name != first["instance"])
         fleet.hosts[backup].isolate()
         began = time.time()
         wait_until(lambda: time.time() > began + 2 * LEASE, 3 * LEASE, "two leases cut off")
@@ -345,16 +348,11 @@ def test_random_faults_on_every_link_never_double_a_slot(kind: str, tmp_path: Pa
     rng = random.Random(SEED)
     print(f"faults seed {SEED} (ANARCHON_PARTITION_SEED replays them)")
     with network() as net:
-        fleet = _fleet(net, kind, tmp_path)
-        flags = ["--every", "1", "--work", "0.3", "--lease", str(LEASE), "--jitter", "0"]
-        names = ["a", "b", "c"]
-        for name in names:
-            fleet.start(name, *flags)
-        fleet.up(names)
+        fleet = _fleet(net, kind, tmp_path, every=1, work=0.3)
         began = time.time()
         faults = 0
         while time.time() < began + SECONDS:
-            name = rng.choice(names)
+            name = rng.choice(NAMES)
             fault = rng.choice(["both-ways", "answers-lost", "requests-lost", "stalled", "slow"])
             lasts = time.time() + rng.uniform(1, 5)
             flapping = rng.random() < 0.3
