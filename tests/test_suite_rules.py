@@ -110,3 +110,17 @@ def test_every_worker_begins_with_its_share_of_the_long_tests() -> None:
             firsts = [name.startswith("long") for name in share]
             assert firsts == sorted(firsts, reverse=True)  # the long ones first
             assert sum(firsts) >= len(long) // workers
+
+
+def test_no_test_counts_the_threads_of_the_whole_process() -> None:
+    """The process's thread count also counts threads that earlier tests in the same
+    worker left ending, so a test comparing two counts passes or fails by their timing;
+    tests/threads.py tells the threads a test started apart from the rest."""
+    found = [
+        f"{path.relative_to(TESTS)}:{number}"
+        for path in sorted(TESTS.rglob("*.py"))
+        if path.name != Path(__file__).name
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if "active_count(" in line
+    ]
+    assert found == []

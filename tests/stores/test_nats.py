@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from anarchon_core import ClaimStatus, ConfigurationError, RunState, StoreUnavailable, open_store
+from tests.threads import Born
 from tests.waiting import wait_until
 
 nats_store = pytest.importorskip("anarchon_core.stores.nats")
@@ -69,7 +70,7 @@ def _store_threads() -> list[threading.Thread]:
 
 
 def test_no_thread_or_loop_outlives_close(make: Callable[..., Any]) -> None:
-    before = threading.active_count()
+    born = Born()
     for k in range(20):
         store = make()
         if k % 2:  # half of them never connect: closing those must be clean too
@@ -80,7 +81,7 @@ def test_no_thread_or_loop_outlives_close(make: Callable[..., Any]) -> None:
         with pytest.raises(StoreUnavailable, match="closed"):
             store.state("job")
     assert _store_threads() == []
-    assert threading.active_count() == before
+    assert born.alive() == []
 
 
 def test_works_when_called_from_inside_an_event_loop(make: Callable[..., Any]) -> None:

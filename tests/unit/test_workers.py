@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 from anarchon_core.clock import Workers
+from tests.threads import Born
 from tests.waiting import wait_until
 
 
@@ -22,7 +23,7 @@ def _burst(workers: Workers, n: int, gate: threading.Event) -> tuple[list[object
 
 def test_a_second_burst_runs_on_the_threads_of_the_first() -> None:
     workers, gate = Workers(idle=30), threading.Event()
-    before = threading.active_count()
+    born = Born()
     tasks, seen = _burst(workers, 20, gate)
     assert all(t.is_alive() for t in tasks)  # type: ignore[attr-defined]
     gate.set()
@@ -30,18 +31,18 @@ def test_a_second_burst_runs_on_the_threads_of_the_first() -> None:
         t.join(5)  # type: ignore[attr-defined]
     assert not any(t.is_alive() for t in tasks)  # type: ignore[attr-defined]
     assert sorted(seen) == sorted(f"anarchon:job{k}" for k in range(20))  # named as the run
-    started = threading.active_count() - before
+    started = born.count()
     assert started == 20
     again, _ = _burst(workers, 20, gate)
     for t in again:
         t.join(5)  # type: ignore[attr-defined]
-    assert threading.active_count() - before == 20  # no thread started for the second burst
+    assert born.count() == 20  # no thread started for the second burst
 
 
 def test_idle_threads_end_and_a_failing_target_does_not_stop_its_thread() -> None:
     workers, gate = Workers(idle=0.3), threading.Event()
     gate.set()
-    before = threading.active_count()
+    born = Born()
 
     def fails() -> None:
         raise RuntimeError("a handler's own error")
@@ -51,12 +52,12 @@ def test_idle_threads_end_and_a_failing_target_does_not_stop_its_thread() -> Non
     workers.spawn(ran.set, "anarchon:after").join(5)
     assert ran.is_set()
     wait_until(
-        lambda: threading.active_count() <= before,
+        lambda: born.count() == 0,
         5,
         "the idle threads to end",
         seen=threading.enumerate,
     )
-    assert threading.active_count() == before
+    assert born.alive() == []
     # And after they ended, a new target gets a new thread.
     ran.clear()
     workers.spawn(ran.set, "anarchon:later").join(5)
@@ -65,7 +66,7 @@ def test_idle_threads_end_and_a_failing_target_does_not_stop_its_thread() -> Non
 
 def test_a_bounded_pool_runs_at_most_its_limit_at_once_and_the_rest_in_order() -> None:
     workers, gate = Workers(idle=30, limit=3), threading.Event()
-    before = threading.active_count()
+    born = Born()
     order: list[int] = []
     running = most = 0
     lock = threading.Lock()
@@ -82,7 +83,7 @@ def test_a_bounded_pool_runs_at_most_its_limit_at_once_and_the_rest_in_order() -
 
     tasks = [workers.spawn(lambda k=k: target(k), f"anarchon:job{k}") for k in range(10)]  # type: ignore[misc]
     wait_until(lambda: len(order) == 3, 5, "three targets to start")
-    assert threading.active_count() - before == 3 and workers.threads == 3
+    assert born.count() == 3 and workers.threads == 3
     assert sum(t.is_alive() for t in tasks) == 10  # the other seven wait for a thread
     gate.set()
     for t in tasks:
@@ -90,7 +91,7 @@ def test_a_bounded_pool_runs_at_most_its_limit_at_once_and_the_rest_in_order() -
     assert not any(t.is_alive() for t in tasks)
     assert most == 3
     assert order[3:] == list(range(3, 10))  # the waiting ones in the order they came
-    assert threading.active_count() - before == 3
+    assert born.count() == 3
 
 
 def test_a_pool_bound_below_one_is_refused() -> None:
