@@ -136,15 +136,24 @@ class Decision(Generic[A]):
 
 
 def first_token(wall: float) -> int:
-    """The token of a job's first claim in a store: the store's wall clock in
+    """The lowest token a new attempt may carry: the store's wall clock in
     milliseconds (``wall``, Unix seconds).
 
-    Tokens then rise by one per attempt, far more slowly than the clock, so a
-    store that lost its records (restarted empty, failed over to a replica without
-    them) starts the job again above every token it handed out before, and a
-    handler fencing with the token still refuses the older attempts.
+    An attempt's token is the previous one + 1 or this, whichever is higher
+    (:func:`next_token`). A record the store lost (restarted empty, failed over to
+    a replica that never got the last writes) is then no reason for a token to
+    come again: a job's tokens rise by one per attempt, far more slowly than the
+    clock, so every token handed out before the loss is below the clock at the
+    next attempt, and a handler fencing with the token still refuses the older
+    attempts.
     """
     return max(1, int(wall * 1000))
+
+
+def next_token(previous: int | None, clock_token: int) -> int:
+    """The token of an attempt after ``previous`` (``None``: no record of the job),
+    no lower than ``clock_token`` (:func:`first_token` of the store's clock)."""
+    return clock_token if previous is None else max(previous + 1, clock_token)
 
 
 def claim(
@@ -158,14 +167,14 @@ def claim(
     paused: bool = False,
     limit: int | None = None,
     claims: int = 0,
-    first_token: int = 1,
+    clock_token: int = 1,
 ) -> Decision[Claim]:
     """Claim ``slot_ms`` of ``job`` for ``owner``, the lease ``lease`` seconds from ``now``.
 
-    A won claim is attempt 1 with the previous token + 1, or ``first_token`` for a
-    job the store holds no record of (the stores pass :func:`first_token` of their
-    wall clock, so that tokens keep rising after a store lost its records);
-    the previous attempt, if its run still held the slot, is abandoned.
+    A won claim is attempt 1 with the next token (:func:`next_token`: the previous
+    + 1, or the store's clock in ms, ``clock_token``, if that is higher, so that
+    tokens keep rising after a store lost records); the previous attempt, if its
+    run still held the slot, is abandoned.
     ``claims`` is the job's count of claims won so far
     (:attr:`~anarchon_core.store.JobStats.claims`): once it reaches ``limit``
     the claim is **ended**, unless it is taken or stale (ended comes before
@@ -181,7 +190,7 @@ def claim(
         return Decision(Claim(ClaimStatus.ENDED, current))
     if refused is not None:
         return Decision(refused)
-    token = old.token + 1 if old is not None else first_token
+    token = next_token(old.token if old is not None else None, clock_token)
     new = Record(job, slot_ms, owner, 1, token, RunState.RUNNING, now + lease)
     previous = RunState.ABANDONED if old is not None and old.state in HELD_STATES else None
     return Decision(_won(new, lease), new, previous, started=True)
@@ -195,10 +204,12 @@ def takeover(
     lease: float,
     seen_token: int,
     now: float,
+    *,
+    clock_token: int = 1,
 ) -> Decision[Claim]:
     """Take ``slot_ms`` of ``job`` over from the run carrying ``seen_token``, if it lapsed.
 
-    Won as the next attempt with the next token; a running run taken over is
+    Won as the next attempt with the next token (:func:`next_token`); a running run taken over is
     lost (a released one stays released).
     """
     if old is None:
@@ -206,7 +217,8 @@ def takeover(
     current = old.view(now)
     if (old.slot_ms, old.token) != (slot_ms, seen_token) or not current.lapsed:
         return Decision(Claim(ClaimStatus.TAKEN, current))
-    new = Record(job, slot_ms, owner, old.attempt + 1, old.token + 1, RunState.RUNNING, now + lease)
+    token = next_token(old.token, clock_token)
+    new = Record(job, slot_ms, owner, old.attempt + 1, token, RunState.RUNNING, now + lease)
     previous = RunState.LOST if old.state is RunState.RUNNING else None
     return Decision(_won(new, lease), new, previous, started=True)
 

@@ -123,12 +123,14 @@ SCHEMA = [
         INSERT INTO anarchon_runs VALUES (NEW.namespace, NEW.job, NEW.token, NEW.slot_ms,
             NEW.attempt, NEW.owner, NEW.state, {NOW}, NULL);
         DELETE FROM anarchon_runs WHERE namespace = NEW.namespace AND job = NEW.job
-           AND token <= NEW.token - {HISTORY};
+           AND token <= (SELECT token FROM anarchon_runs
+                          WHERE namespace = NEW.namespace AND job = NEW.job
+                          ORDER BY token DESC LIMIT 1 OFFSET {HISTORY});
     END""",
     # The same token changing state: between running and dispatched the attempt
     # stays open; done, failed and released end it. A database made by an older
     # version, whose trigger ended the attempt on any change, has it replaced
-    # (see RUN_END_MARK).
+    # (see REPLACED_TRIGGERS).
     f"""CREATE TRIGGER IF NOT EXISTS anarchon_run_end AFTER UPDATE OF state ON anarchon_jobs
     WHEN NEW.token = OLD.token AND NEW.state != OLD.state BEGIN
         UPDATE anarchon_runs SET state = NEW.state,
@@ -137,12 +139,19 @@ SCHEMA = [
     END""",
 ]
 
-#: This version's ``anarchon_run_end`` trigger.
-RUN_END = next(statement for statement in SCHEMA if "anarchon_run_end" in statement)
-#: In the definition of this version's ``anarchon_run_end`` trigger, and not in
-#: older ones: an older trigger is dropped and created again (SQLite has no
-#: CREATE OR REPLACE TRIGGER), once, not at every start.
-RUN_END_MARK = "ended_at = CASE WHEN NEW.state IN"
+#: Triggers whose definition changed since an older version, each with a mark found
+#: in this version's definition and not in older ones: an older trigger is dropped
+#: and created again (SQLite has no CREATE OR REPLACE TRIGGER), once, not at every
+#: start. ``anarchon_run_end`` once ended the attempt on any change of state;
+#: ``anarchon_run_next`` once kept the attempts whose tokens were within HISTORY of
+#: the newest, which assumed consecutive tokens.
+REPLACED_TRIGGERS = {
+    name: (next(statement for statement in SCHEMA if f" {name} " in statement), mark)
+    for name, mark in (
+        ("anarchon_run_end", "ended_at = CASE WHEN NEW.state IN"),
+        ("anarchon_run_next", f"ORDER BY token DESC LIMIT 1 OFFSET {HISTORY}"),
+    )
+}
 TRIGGER_SQL = "SELECT sql FROM sqlite_master WHERE type = 'trigger' AND name = ?"
 
 _RETURNING = f"RETURNING job, slot_ms, owner, attempt, token, state, lease_until - {NOW}"
@@ -162,14 +171,16 @@ INSERT INTO anarchon_jobs (namespace, job, slot_ms, owner, attempt, token, state
 SELECT :ns, :job, :slot, :owner, 1, CAST({NOW} * 1000 AS INTEGER), 'running', {NOW} + :lease
 WHERE NOT EXISTS ({PAUSED}) AND NOT EXISTS ({ENDED})
 ON CONFLICT (namespace, job) DO UPDATE SET
-    slot_ms = excluded.slot_ms, owner = excluded.owner, attempt = 1, token = token + 1,
+    slot_ms = excluded.slot_ms, owner = excluded.owner, attempt = 1,
+    token = max(token + 1, CAST({NOW} * 1000 AS INTEGER)),
     state = 'running', lease_until = excluded.lease_until
 WHERE slot_ms < excluded.slot_ms AND (state NOT IN {_HELD_STATES} OR lease_until <= {NOW})
 {_RETURNING}
 """
 
 TAKEOVER = f"""
-UPDATE anarchon_jobs SET owner = :owner, attempt = attempt + 1, token = token + 1,
+UPDATE anarchon_jobs SET owner = :owner, attempt = attempt + 1,
+    token = max(token + 1, CAST({NOW} * 1000 AS INTEGER)),
     state = 'running', lease_until = {NOW} + :lease
 WHERE namespace = :ns AND job = :job AND slot_ms = :slot AND token = :token
   AND (state = 'released' OR (state = 'running' AND lease_until <= {NOW}))

@@ -124,7 +124,7 @@ class MemoryStore(LeaseStore, RegistryStore, ControlStore, OnceStore):
                     paused=paused,
                     limit=r.limit,
                     claims=counts[0] - counts[1],
-                    first_token=decide.first_token(now),
+                    clock_token=decide.first_token(now),
                 )
                 claims.append(self._apply(r.job, step, now))
             return claims
@@ -172,6 +172,7 @@ class MemoryStore(LeaseStore, RegistryStore, ControlStore, OnceStore):
                         r.lease,
                         r.seen_token,
                         now,
+                        clock_token=decide.first_token(now),
                     ),
                     now,
                 )

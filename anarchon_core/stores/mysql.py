@@ -162,7 +162,13 @@ _STATEMENTS = {
     "run_end": """UPDATE `{runs}` SET state = %s, ended_at = %s
         WHERE ended_at IS NULL AND (job, token) IN ({pairs})""",
     "run_start": "INSERT INTO `{runs}` VALUES {rows}",
-    "run_trim": "DELETE FROM `{runs}` WHERE (job, token) IN ({pairs})",
+    # The newest HISTORY attempts of each job are kept, by count (tokens are not
+    # consecutive: decide.next_token).
+    "run_trim": f"""DELETE r FROM `{{runs}}` r JOIN (
+        SELECT job, token FROM (
+            SELECT job, token, ROW_NUMBER() OVER (PARTITION BY job ORDER BY token DESC) AS n
+              FROM `{{runs}}` WHERE job IN ({{names}})) ranked
+         WHERE n > {HISTORY}) old ON r.job = old.job AND r.token = old.token""",
     "count": """INSERT INTO `{stats}` VALUES {rows} ON DUPLICATE KEY UPDATE
         runs = runs + VALUES(runs), takeovers = takeovers + VALUES(takeovers),
         done = done + VALUES(done), failed = failed + VALUES(failed),
@@ -620,10 +626,9 @@ class MySQLStore(LeaseStore, RegistryStore, ControlStore, OnceStore):
                 for v in (r.job, r.token, r.slot_ms, r.attempt, r.owner, r.state.value, now)
             ]
             writes.append((self._sql["run_start"].format(rows=rows), values))
-            trim = [v for r in started if r.token > HISTORY for v in (r.job, r.token - HISTORY)]
-            if trim:
-                marks = ", ".join(["(%s, %s)"] * (len(trim) // 2))
-                writes.append((self._sql["run_trim"].format(pairs=marks), trim))
+            jobs = sorted({r.job for r in started})
+            marks = ", ".join(["%s"] * len(jobs))
+            writes.append((self._sql["run_trim"].format(names=marks), jobs))
         counts: list[Any] = []
         for _, new, d in written:
             end = d.ended
@@ -676,7 +681,7 @@ class MySQLStore(LeaseStore, RegistryStore, ControlStore, OnceStore):
                 paused=paused,
                 limit=r.limit,
                 claims=claims,
-                first_token=decide.first_token(now),
+                clock_token=decide.first_token(now),
             )
 
         limited = [r.job for r in requests if r.limit is not None]
@@ -696,7 +701,16 @@ class MySQLStore(LeaseStore, RegistryStore, ControlStore, OnceStore):
         def batch(items: Sequence[TakeoverRequest]) -> list[Claim]:
             def rule(i: int, old: Record | None, now: float, _: _Seen) -> Decision[Claim]:
                 r = items[i]
-                return decide.takeover(old, r.job, r.slot_ms, owner, r.lease, r.seen_token, now)
+                return decide.takeover(
+                    old,
+                    r.job,
+                    r.slot_ms,
+                    owner,
+                    r.lease,
+                    r.seen_token,
+                    now,
+                    clock_token=decide.first_token(now),
+                )
 
             return self._decide([r.job for r in items], rule)
 

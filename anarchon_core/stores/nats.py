@@ -526,7 +526,7 @@ class NatsStore(LeasesByObservation, RegistryStore, ControlStore, OnceStore):
                     now,
                     limit=r.limit,
                     claims=claims,
-                    first_token=decide.first_token(self._clock.time()),
+                    clock_token=decide.first_token(self._clock.time()),
                 ),
             )(old, current)
 
@@ -551,7 +551,14 @@ class NatsStore(LeasesByObservation, RegistryStore, ControlStore, OnceStore):
             return self._deciding(
                 r.job,
                 lambda old, now: decide.takeover(
-                    old, r.job, r.slot_ms, owner, r.lease, r.seen_token, now
+                    old,
+                    r.job,
+                    r.slot_ms,
+                    owner,
+                    r.lease,
+                    r.seen_token,
+                    now,
+                    clock_token=decide.first_token(self._clock.time()),
                 ),
             )
 

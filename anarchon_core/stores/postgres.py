@@ -191,7 +191,10 @@ _SCHEMA = [
             UPDATE {{runs}} SET ended_at = clock_timestamp(),
                    state = CASE WHEN NEW.slot_ms = OLD.slot_ms THEN 'lost' ELSE 'abandoned' END
              WHERE job = OLD.job AND token = OLD.token AND ended_at IS NULL;
-            DELETE FROM {{runs}} WHERE job = NEW.job AND token <= NEW.token - {HISTORY};
+            -- The newest HISTORY attempts are kept, by count: tokens are not consecutive.
+            DELETE FROM {{runs}} WHERE job = NEW.job AND token <= (
+                SELECT token FROM {{runs}} WHERE job = NEW.job
+                 ORDER BY token DESC LIMIT 1 OFFSET {HISTORY - 1});
         END IF;
         INSERT INTO {{runs}} VALUES (NEW.job, NEW.token, NEW.slot_ms, NEW.attempt,
             NEW.owner, NEW.state, clock_timestamp(), NULL);
@@ -225,7 +228,7 @@ _NAMESPACES = """SELECT c.relname, obj_description(c.oid, 'pg_class') FROM pg_cl
     WHERE c.relkind IN ('r', 'p') AND c.relname LIKE 'anarchon\\_%%\\_jobs'
       AND c.relnamespace = (SELECT oid FROM pg_namespace
                             WHERE nspname = coalesce(%(schema)s, current_schema()))"""
-#: A job's first token (its first claim's number): the server's clock in ms (decide.first_token).
+#: The lowest token of a new attempt: the server's clock in ms (decide.first_token).
 _FIRST_CLAIM_NUMBER = "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 _TRIGGER = """CREATE TRIGGER anarchon_history AFTER INSERT OR UPDATE OF token, state
     ON {jobs} FOR EACH ROW EXECUTE FUNCTION {log}()"""
@@ -252,13 +255,14 @@ _STATEMENTS = {
                            WHERE s.job = r.job AND s.runs - s.takeovers >= r.lim)
          ORDER BY r.job COLLATE "C"
         ON CONFLICT (job) DO UPDATE SET slot_ms = excluded.slot_ms, owner = excluded.owner,
-            attempt = 1, token = j.token + 1, state = 'running',
+            attempt = 1, token = greatest(j.token + 1, {_FIRST_CLAIM_NUMBER}), state = 'running',
             lease_until = excluded.lease_until
         WHERE j.slot_ms < excluded.slot_ms
           AND (j.state NOT IN {_HELD_STATES} OR j.lease_until <= clock_timestamp())
         RETURNING {_COLUMNS}""",
     "takeover": f"""UPDATE {{jobs}} SET owner = %(owner)s, attempt = attempt + 1,
-            token = token + 1, state = 'running', lease_until = {_LEASE}
+            token = greatest(token + 1, {_FIRST_CLAIM_NUMBER}), state = 'running',
+            lease_until = {_LEASE}
         WHERE job = %(job)s AND slot_ms = %(slot)s AND token = %(token)s
           AND (state = 'released' OR (state = 'running' AND lease_until <= clock_timestamp()))
         RETURNING {_COLUMNS}""",

@@ -266,13 +266,14 @@ local function one(rk, hk, a)
   if rec.exists and rec.slot > slot then return reply('stale', rec) end
   local limit = tonumber(a[4])
   if limit and rec.n_runs - rec.n_takeovers >= limit then return reply('ended', rec) end
-  local token, ended = now, nil  -- a job's first token: the server's clock, in ms
+  -- A token no lower than the server's clock in ms (decide.next_token).
+  local token, ended = now, nil
   if rec.exists then
     if held(rec.state) then
       if rec.expires > now then return reply('busy', rec) end
       ended = 'abandoned'
     end
-    token = rec.token + 1
+    token = math.max(rec.token + 1, now)
   end
   return start(rk, hk, rec, slot, a[2], 1, token, tonumber(a[3]), ended)
 end
@@ -289,7 +290,7 @@ local function one(rk, hk, a)
   end
   local ended = nil
   if rec.state == 'running' then ended = 'lost' end
-  return start(rk, hk, rec, rec.slot, a[2], rec.attempt + 1, rec.token + 1,
+  return start(rk, hk, rec, rec.slot, a[2], rec.attempt + 1, math.max(rec.token + 1, now),
                tonumber(a[3]), ended)
 end
 """

@@ -306,10 +306,11 @@ class SQLDialectStore(LeaseStore, RegistryStore, ControlStore, OnceStore):
         try:
             for statement in _sql.SCHEMA:
                 conn.execute(statement)
-            row = conn.execute(_sql.TRIGGER_SQL, ("anarchon_run_end",)).fetchone()
-            if row is not None and _sql.RUN_END_MARK not in row[0]:
-                conn.execute("DROP TRIGGER anarchon_run_end")
-                conn.execute(_sql.RUN_END)
+            for name, (statement, mark) in _sql.REPLACED_TRIGGERS.items():
+                row = conn.execute(_sql.TRIGGER_SQL, (name,)).fetchone()
+                if row is not None and mark not in row[0]:
+                    conn.execute(f"DROP TRIGGER {name}")
+                    conn.execute(statement)
         except BaseException:
             conn.rollback()
             raise

@@ -10,8 +10,10 @@ primary applied but had not yet sent on is lost with it, and the slot can be cla
 again on the promoted replica. That is measured here, not hidden: the test prints
 (and writes where ``ANARCHON_FAILOVER_FIGURES`` says) the slots run twice (and of
 those, claimed twice: the lost claim) and the slots missed per failover, and asserts
-what must hold whatever the replication lost: every instance goes on, and slots run
-again after every failover.
+what must hold whatever the replication lost: every instance goes on, slots run
+again after every failover, and no fencing token is handed out twice (a token is the
+store's clock in ms when that is above the previous + 1, so a claim on a promoted
+replica that lacks the last writes still carries a token above theirs).
 
 Each runs twice: as the store comes by default, and with ``?replicas=1`` (each step's
 writes count once the replica acknowledged them: Redis's WAIT), which closes that gap
@@ -41,6 +43,7 @@ import subprocess
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -60,14 +63,15 @@ JOBS, LEASE, WORK = 10, 3.0, 0.3
 
 
 class Runs:
-    """Every handler call: (slot, attempt, instance, began, ended, lost), by one clock."""
+    """Every handler call: (slot, attempt, token, instance, began, ended, lost), by one clock."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.items: list[dict[str, Any]] = []
 
     def handler(self, run: Run) -> None:
-        item = {"slot": run.slot_id, "attempt": run.attempt, "instance": run.instance}
+        item = {"slot": run.slot_id, "attempt": run.attempt, "token": run.token}
+        item["instance"] = run.instance
         item["began"] = time.monotonic()
         with self.lock:
             self.items.append(item)
@@ -204,6 +208,9 @@ def _report(store: str, durable: bool, figures: list[dict[str, Any]]) -> dict[st
         with open(FIGURES, "a") as out:
             out.write(json.dumps({"store": store, "durable": durable, **totals}) + "\n")
     assert len(figures) == FAILOVERS
+    # Whatever a failover lost, no token comes twice: a handler fencing with it refuses
+    # every attempt but the newest (decide.next_token).
+    assert totals["tokens_repeated"] == 0, totals
     return totals
 
 
@@ -243,6 +250,7 @@ def _totals(figures: list[dict[str, Any]]) -> dict[str, Any]:
         "doubled": sum(f["doubled"] for f in figures),
         "failovers_with_a_doubled_slot": sum(1 for f in figures if f["doubled"]),
         "reclaimed": sum(f["reclaimed"] for f in figures),
+        "tokens_repeated": sum(f["tokens_repeated"] for f in figures),
         "missed": sum(f["missed"] for f in figures),
         "promotion_median_s": promotions[len(promotions) // 2],
         "promotion_max_s": promotions[-1],
@@ -251,7 +259,8 @@ def _totals(figures: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _figures(window: list[dict[str, Any]], killed_at: float, promoted_at: float) -> dict[str, Any]:
     """Around one failover: slots completed twice (``doubled``), of which claimed twice as
-    attempt 1 (``reclaimed``: the claim lost in the failover), and grid slots not run."""
+    attempt 1 (``reclaimed``: the claim lost in the failover), fencing tokens handed out
+    to two attempts of a job (``tokens_repeated``), and grid slots not run."""
     completed: dict[str, int] = {}
     firsts: dict[str, int] = {}
     for run in window:
@@ -260,11 +269,13 @@ def _figures(window: list[dict[str, Any]], killed_at: float, promoted_at: float)
         if not run.get("lost") and run.get("ended") is not None:
             completed[run["slot"]] = completed.get(run["slot"], 0) + 1
     started = {run["slot"] for run in window}
+    tokens = Counter((run["slot"].rpartition("@")[0], run["token"]) for run in window)
     seconds = sorted({int(slot.rpartition("@")[2]) // 1000 for slot in started})
     grid = {f"job{k}@{s * 1000}" for k in range(JOBS) for s in range(seconds[1], seconds[-1])}
     return {
         "doubled": sum(1 for n in completed.values() if n > 1),
         "reclaimed": sum(1 for n in firsts.values() if n > 1),
+        "tokens_repeated": sum(1 for n in tokens.values() if n > 1),
         "missed": len(grid - started),
         "promotion_s": round(promoted_at - killed_at, 2),
     }

@@ -31,7 +31,7 @@ from __future__ import annotations
 import itertools
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
@@ -260,6 +260,22 @@ def _fields(claim: Claim) -> tuple[Any, ...]:
     return (claim.status, holder.slot_ms, holder.owner, holder.attempt, holder.token, holder.state)
 
 
+def _clock_tokens(items: Sequence[tuple[Any, ...]], answers: Sequence[Any]) -> dict[str, int]:
+    """The token each won step carried, by job, as the model's ``clock_token``.
+
+    A new attempt's token is the previous + 1 or the store's clock in ms, whichever is
+    higher (decide.next_token); the model cannot read the store's clock, so it takes
+    the token from the store's answer. A store that gave a token at or below the
+    previous one still disagrees with the model (which then wants the previous + 1);
+    tests/stores/test_tokens.py checks the clock's part.
+    """
+    return {
+        item[0]: answer.holder.token
+        for item, answer in zip(items, answers, strict=True)
+        if answer.status is ClaimStatus.WON and answer.holder is not None
+    }
+
+
 def _token(model: Model, job: str, offset: int) -> int:
     rec = model.records.get(job)
     return max(1, (rec.token if rec else 1) + offset)
@@ -287,15 +303,7 @@ def step(store: LeaseStore, model: Model, op: Any, names: dict[str, str]) -> Non
         ]
         answers: list[Any] = store.claim_many(requests, op.owner)
         t1 = time.monotonic()
-        # A job's first token is the store's clock (decide.first_token): the model takes
-        # it from the store's answer (tests/stores/test_tokens.py checks its value).
-        firsts = {
-            job: answer.holder.token
-            for (job, _, _), answer in zip(op.items, answers, strict=True)
-            if answer.status is ClaimStatus.WON
-            and answer.holder is not None
-            and model.records.get(job) is None
-        }
+        clocks = _clock_tokens(op.items, answers)
 
         def claimed(item: tuple[str, int, float], now: float) -> Decision[Any]:
             job, slot, lease = item
@@ -309,7 +317,7 @@ def step(store: LeaseStore, model: Model, op: Any, names: dict[str, str]) -> Non
                 paused=job in model.paused,
                 limit=model.limits.get(job),
                 claims=model.claims(job),
-                first_token=firsts.get(job, 1),
+                clock_token=clocks.get(job, 1),
             )
 
         _agree(model, op, [(i[0], partial(claimed, i)) for i in op.items], answers, t0, t1)
@@ -322,11 +330,19 @@ def step(store: LeaseStore, model: Model, op: Any, names: dict[str, str]) -> Non
         takeover = [TakeoverRequest(names[j], slot, lease, token) for j, slot, token, lease in sent]
         answers = store.takeover_many(takeover, op.owner)
         t1 = time.monotonic()
+        clocks = _clock_tokens(sent, answers)
 
         def taken(item: tuple[str, int, int, float], now: float) -> Decision[Any]:
             job, slot, token, lease = item
             return decide.takeover(
-                model.records.get(job), names[job], slot, op.owner, lease, token, now
+                model.records.get(job),
+                names[job],
+                slot,
+                op.owner,
+                lease,
+                token,
+                now,
+                clock_token=clocks.get(job, 1),
             )
 
         _agree(model, op, [(i[0], partial(taken, i)) for i in sent], answers, t0, t1)

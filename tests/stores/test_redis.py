@@ -173,7 +173,9 @@ def test_each_step_reads_and_writes_a_record_once(store: RedisStore) -> None:
     assert _job_commands(
         store, "job", lambda: claimed.append(store.claim("job", SLOT + 1000, "b", 10, limit=5))
     ) == ["HMGET", "LPUSH", "HSET"]
-    token = first.token + 1
+    (won,) = claimed
+    assert won.holder is not None and won.holder.token > first.token  # type: ignore[attr-defined]
+    token = won.holder.token  # type: ignore[attr-defined]
     for change in (
         lambda: store.dispatch("job", token, 30),
         lambda: store.renew("job", token, 10),
@@ -227,10 +229,11 @@ def test_a_history_an_earlier_release_closed_in_place_reads_the_same(
     )  # fmt: skip
     before = store.history("job")
     assert [(r.token, r.state) for r in before] == [(2, RunState.RUNNING), (1, RunState.DONE)]
-    assert store.takeover("job", SLOT + 1000, "new", 10, 2).won
+    taken = store.takeover("job", SLOT + 1000, "new", 10, 2).holder
+    assert taken is not None and taken.token >= now  # the server's clock in ms
     after = store.history("job")
     assert [(r.token, r.attempt, r.owner, r.state) for r in after] == [
-        (3, 2, "new", RunState.RUNNING),
+        (taken.token, 2, "new", RunState.RUNNING),
         (2, 1, "old", RunState.LOST),
         (1, 1, "old", RunState.DONE),
     ]

@@ -21,11 +21,30 @@ def record(
 def test_a_first_claim_wins_attempt_1_with_the_first_token() -> None:
     first = decide.first_token(NOW)
     assert first == int(NOW * 1000)  # the store's clock, in milliseconds
-    step = decide.claim(None, "job", SLOT, "a", 30, NOW, first_token=first)
+    step = decide.claim(None, "job", SLOT, "a", 30, NOW, clock_token=first)
     assert step.answer.status is ClaimStatus.WON
     assert step.record == Record("job", SLOT, "a", 1, first, RunState.RUNNING, NOW + 30)
     assert step.answer.holder == step.record.view(NOW)
     assert (step.started, step.previous, step.ended) == (True, None, None)
+
+
+def test_a_token_is_the_previous_one_plus_one_or_the_clock_whichever_is_higher() -> None:
+    """A record older than the tokens handed out (a failover lost the last writes)
+    gets no token twice: the clock in ms is above every token handed out before."""
+    clock = decide.first_token(NOW)
+    assert decide.next_token(None, clock) == clock
+    assert decide.next_token(clock + 7, clock) == clock + 8  # many attempts in one ms
+    assert decide.next_token(4, clock) == clock
+    handed_out = decide.next_token(clock, clock)  # written, then lost in a failover
+    later = decide.first_token(NOW + 1)  # a failover takes seconds, not a millisecond
+    rolled_back = record(RunState.DONE, left=-1, token=clock)
+    claimed = decide.claim(rolled_back, "job", NEXT, "b", 30, NOW, clock_token=later)
+    assert claimed.record is not None and claimed.record.token > handed_out
+    taken = decide.takeover(
+        record(RunState.RELEASED, token=clock), "job", SLOT, "b", 30, clock, NOW,
+        clock_token=later,
+    )  # fmt: skip
+    assert taken.record is not None and taken.record.token > handed_out
 
 
 @pytest.mark.parametrize(
