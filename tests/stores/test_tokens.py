@@ -7,8 +7,9 @@ previous one + 1 or the store's clock in milliseconds, whichever is higher
 (``decide.next_token``): a job's tokens rise by one per attempt, far more slowly than
 the clock, so the claim after the loss carries a token above every one handed out
 before it, and a handler that fences its writes with the token refuses the attempts
-from before the loss. (tests/scenarios/test_failover.py checks that no token is
-handed out twice across real failovers that lose writes.)
+from before the loss. (tests/stores/test_redis.py restarts a real server empty between
+two attempts; tests/scenarios/test_failover.py checks that no token is handed out twice
+across real failovers that lose writes.)
 """
 
 from __future__ import annotations
