@@ -5,10 +5,12 @@ Beat can then run in every worker pod (``celery worker -B``) or as several
 by one instance only. See ``docs/celery.md``.
 """
 
+from anarchon_core.version import __version__
+
 from .scheduler import Scheduler
 from .schedules import once
 
-__all__ = ["Scheduler", "once"]
+__all__ = ["Scheduler", "__version__", "once"]
 
 
 def __getattr__(name: str) -> object:

@@ -21,12 +21,14 @@ import click
 from anarchon_core import AnarchonError
 from anarchon_core.cli import EXIT_CONFIG, MAX_NEXT, moment, run_control, run_status
 from anarchon_core.control import OPTIONS
+from anarchon_core.version import __version__
 
 from . import tracking  # noqa: F401 - connects the worker hooks
 from .settings import namespace_of, store_url
 
 
 @click.group(name="anarchon", help="anarchon: the shared schedule of beat_schedule entries.")
+@click.version_option(__version__, prog_name="celery anarchon", message="%(prog)s %(version)s")
 def anarchon() -> None:
     """The ``celery anarchon`` command group."""
 

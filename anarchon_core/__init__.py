@@ -39,6 +39,7 @@ from .store import (
     TakeoverRequest,
 )
 from .urls import open_store, redact
+from .version import __version__
 
 __all__ = [
     "AnarchonError",
@@ -83,6 +84,7 @@ __all__ = [
     "TakeoverRequest",
     "UnknownJob",
     "Upcoming",
+    "__version__",
     "make_schedule",
     "open_store",
     "preview",

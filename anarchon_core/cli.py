@@ -69,6 +69,7 @@ from .store import (
     holders,
 )
 from .urls import open_store, redact, scrub, secrets_in
+from .version import __version__
 
 if TYPE_CHECKING:
     from anarchon_celery.importing.plan import Source
@@ -811,6 +812,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="anarchon", description="Scheduled jobs that run once per slot across instances."
     )
+    parser.add_argument("--version", action="version", version=f"anarchon {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser(
         "demo", help="several local instances sharing one SQLite file, with a takeover"

@@ -5,7 +5,9 @@
 See ``docs/dramatiq.md``.
 """
 
+from anarchon_core.version import __version__
+
 from .declarations import Interval, ScheduleError, every
 from .middleware import Anarchon
 
-__all__ = ["Anarchon", "Interval", "ScheduleError", "every"]
+__all__ = ["Anarchon", "Interval", "ScheduleError", "__version__", "every"]

@@ -34,6 +34,7 @@ from anarchon_core.cli import (
 )
 from anarchon_core.probes import serve_beside
 from anarchon_core.urls import redact
+from anarchon_core.version import __version__
 
 from .middleware import Anarchon
 
@@ -69,6 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     if argv and argv[0] in CONTROL_VERBS:
         sys.exit(control(argv))
     parser = argparse.ArgumentParser(prog="dramatiq-anarchon", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"dramatiq-anarchon {__version__}")
     parser.add_argument("broker", help="the broker: package.module or package.module:name")
     parser.add_argument("modules", nargs="*", help="modules declaring actors")
     parser.add_argument("--verbose", "-v", action="count", default=0)

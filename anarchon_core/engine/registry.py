@@ -8,7 +8,6 @@ their list kept once per digest in control entries (see
 
 from __future__ import annotations
 
-import importlib.metadata
 import logging
 import os
 import socket
@@ -20,21 +19,15 @@ from ..errors import StoreUnavailable, is_bug
 from ..jobs import Job
 from ..peers import ANNOUNCE_EVERY, ANNOUNCE_TTL
 from ..slots import is_own_record
+from ..version import __version__
 from .context import Context
 from .gateway import describe
 
 log = logging.getLogger(__name__)
 
 
-def _version() -> str:
-    try:
-        return importlib.metadata.version("anarchon")
-    except importlib.metadata.PackageNotFoundError:  # run from a source tree
-        return "unknown"
-
-
 #: This package's version, as instances record it in the registry.
-VERSION = _version()
+VERSION = __version__
 
 
 class Registry:
