@@ -82,20 +82,33 @@ class Fleet:
 
     # -- starting and signalling --------------------------------------------------
 
-    def spawn(self, name: str, argv: list[str], env: Mapping[str, str] | None = None) -> None:
-        """Start ``argv`` as the pod ``name``, its output in ``<name>.log``."""
+    def spawn(
+        self,
+        name: str,
+        argv: list[str],
+        env: Mapping[str, str] | None = None,
+        *,
+        release: Path | None = None,
+    ) -> None:
+        """Start ``argv`` as the pod ``name``, its output in ``<name>.log``; with the code
+        of ``release`` (a source tree of an older release: tests/releases.py) if given."""
+        # The release's packages first; this tree's after them, for the test apps.
+        tree = {"PYTHONPATH": os.pathsep.join((str(release), str(ROOT)))} if release else {}
         with open(self.tmp_path / f"{name}.log", "ab") as log:
             self.procs[name] = subprocess.Popen(
                 argv,
-                env={**self.env, **(env or {})},
-                cwd=ROOT,
+                env={**self.env, **(env or {}), **tree},
+                cwd=release or ROOT,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 **OWN_GROUP,
             )
 
-    def start(self, *names: str, wait: bool = True, **overrides: Any) -> None:
-        """Start scheduler instances ``names`` on the store; ``wait``: until each is up."""
+    def start(
+        self, *names: str, wait: bool = True, release: Path | None = None, **overrides: Any
+    ) -> None:
+        """Start scheduler instances ``names`` on the store; ``wait``: until each is up;
+        ``release``: an older release's source tree to run them from."""
         for name in names:
             argv = [sys.executable, "-m", "anarchon_core.tools.instance"]
             argv += ["--store", self.store, "--namespace", self.namespace]
@@ -104,7 +117,7 @@ class Fleet:
                 if value is None:
                     continue
                 argv += [f"--{key.replace('_', '-')}", str(value)]
-            self.spawn(name, argv)
+            self.spawn(name, argv, release=release)
         if wait:
             for name in names:
                 wait_until(

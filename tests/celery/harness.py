@@ -42,6 +42,7 @@ class CeleryFleet(Fleet):
         beat: bool = True,
         concurrency: int = 2,
         queue: str | None = None,
+        release: Path | None = None,
         **extra: str,
     ) -> None:
         # Node names unique across tests that share the broker: "<pod>.<namespace>@host".
@@ -59,7 +60,7 @@ class CeleryFleet(Fleet):
         if beat:
             argv += ["-B", "--scheduler", self.scheduler]
             argv += ["-s", str(self.tmp_path / f"{name}-beat-schedule")]
-        self.spawn(name, argv)
+        self.spawn(name, argv, release=release)
 
     def worker_without_anarchon(self, name: str) -> None:
         """A worker started in code, not by the ``celery`` command: no anarchon hooks."""

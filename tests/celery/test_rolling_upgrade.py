@@ -1,0 +1,88 @@
+"""A rolling upgrade of Celery pods: a worker with the previous release's beat (``-B``)
+beside one with this release's, on one Redis broker serving as the store.
+
+Each slot is sent once by one of the two beats and run once, whichever worker
+takes it (a beat of one release hands off to a worker of the other, whose
+execution tracking takes the slot's lease); both beats send some; a task killed
+mid-run in the older pod is taken over as attempt 2 by the newer one.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests import releases
+from tests.celery.harness import CeleryFleet, Line, per_slot, slot_seconds
+from tests.fleet import assert_each_second_once, fleets
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.scenario
+
+#: The release the pods are upgraded from (RELEASES).
+PREVIOUS = "0.1.0"
+
+
+@pytest.fixture
+def celery_redis(redis_url: str) -> str:
+    """The Redis broker, on one of databases 1-9 of the test Redis (see test_e2e.py)."""
+    return f"{redis_url.rsplit('/', 1)[0]}/{1 + uuid.uuid4().int % 9}"
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> Iterator[Callable[..., CeleryFleet]]:
+    yield from fleets(CeleryFleet, tmp_path)
+
+
+def test_old_and_new_beats_send_each_slot_once_and_take_over_each_others_work(
+    fleet: Callable[..., CeleryFleet], celery_redis: str
+) -> None:
+    previous = releases.source_tree(PREVIOUS)
+    pods = fleet(
+        celery_redis, {"fast": {"every": 1, "work": 0.2}, "long": {"every": 30, "work": 12}}
+    )
+    pods.worker("old", concurrency=2, release=previous)
+    pods.worker("new", concurrency=2)
+    wait_until(lambda: pods.tracking("old", "new"), 60, "both pods tracking", seen=pods.tail)
+    began = time.time()
+
+    def both_sent(lines: list[Line]) -> bool:
+        fast = [x for x in pods.starts("fast") if slot_seconds(x["slot_id"]) > began + 1]
+        return len(per_slot(fast)) >= 10 and len({x["sent_by"] for x in fast}) == 2
+
+    wait_until(pods.watch(both_sent), 90, "10 slots, sent by both beats", seen=pods.tail)
+    # The long task: killed mid-run in the older pod, taken over in the newer.
+    first = wait_until(
+        pods.watch(
+            lambda ls: [
+                x for x in pods.starts("long") if x["worker"].startswith(f"old.{pods.namespace}@")
+            ]
+        ),
+        75,
+        "a run of the long task in the older pod",
+        seen=pods.tail,
+    )[0]
+    killed_at = pods.kill("old")
+    again = wait_until(
+        pods.watch(
+            lambda ls: [
+                x for x in pods.starts("long")
+                if x["slot_id"] == first["slot_id"] and x["attempt"] == 2
+            ]
+        ),
+        20,
+        "attempt 2 in the newer pod",
+        seen=pods.tail,
+    )[0]  # fmt: skip
+    assert again["worker"].startswith(f"new.{pods.namespace}@"), again
+    assert again["t"] - killed_at <= 3 + 5  # the 3 s lease, and a loaded machine's margin
+    pods.stop_all()
+    fast = [x for x in pods.starts("fast") if slot_seconds(x["slot_id"]) > began + 1]
+    assert_each_second_once(
+        [x for x in fast if slot_seconds(x["slot_id"]) < killed_at], killed_at - 2, pods
+    )
+    assert max(per_slot(fast).values()) == 1, per_slot(fast)

@@ -1,0 +1,214 @@
+"""A rolling upgrade: instances of the previous release and of this one share a store.
+
+Pods are upgraded one at a time, so for minutes two releases share one store.
+The previous release (``RELEASES``: 0.1.0) is built from the repository's history
+(tests/releases.py) and its instances run beside this release's, on every lease
+store that release had (MySQL came after it):
+
+- a mixed fleet runs each slot once, the store's records, tables and keys written
+  by the older release first and taken on by this one (which migrates what changed
+  while the old instances go on);
+- runs are taken over across the releases both ways (the runner killed) and handed
+  over both ways (the runner stopped with SIGTERM);
+- the older side honours this release's control requests: paused (no slot runs
+  while paused), resumed, and a run-now request answered by a run.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+from tests import releases
+from tests.fleet import Fleet, Line, anchor_soon, slot_seconds
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.scenario
+
+ROOT = Path(__file__).resolve().parents[2]
+#: The release a fleet is upgraded from.
+PREVIOUS = "0.1.0"
+#: A claim of slot S is sent before S + 1 s; plus a margin for its round trip.
+CLAIM_WINDOW = 1.5
+
+
+@pytest.fixture
+def previous(store_url: str) -> Path:
+    if urlsplit(store_url).scheme in ("mysql", "mariadb"):
+        pytest.skip(f"release {PREVIOUS} has no MySQL store: no fleet of it to upgrade")
+    return releases.source_tree(PREVIOUS)
+
+
+def anarchon(fleet: Fleet, *args: str) -> subprocess.CompletedProcess[str]:
+    """This release's ``anarchon VERB ARGS --store URL --namespace NS``, as a subprocess."""
+    argv = [sys.executable, "-m", "anarchon_core.cli", *args]
+    argv += ["--store", fleet.store, "--namespace", fleet.namespace]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run(
+        argv, capture_output=True, text=True, env=env, cwd=ROOT, timeout=60, check=False
+    )
+    assert "Traceback" not in done.stderr, shown(done)
+    return done
+
+
+def shown(done: subprocess.CompletedProcess[str]) -> str:
+    return f"{done.args[3:5]}: exit {done.returncode}\nstdout:\n{done.stdout}stderr:\n{done.stderr}"
+
+
+def starts(lines: list[Line], job: str = "tick") -> list[Line]:
+    return [x for x in lines if x["kind"] == "start" and x["job"] == job]
+
+
+def due_between(lines: list[Line], since: float, until: float) -> list[Line]:
+    return [x for x in starts(lines) if since < slot_seconds(x["slot_id"]) < until]
+
+
+def assert_once(runs: list[Line], first: float, last: float, fleet: Fleet) -> None:
+    """Every second from ``first`` to ``last`` started once, as attempt 1."""
+    counts = Counter(int(slot_seconds(x["slot_id"])) for x in runs)
+    expected = set(range(int(first), int(last) + 1))
+    assert sorted(expected - set(counts)) == [], f"missed; {fleet.tail()}"
+    assert {s: n for s, n in counts.items() if n > 1} == {}, f"run twice; {fleet.tail()}"
+    assert {x["attempt"] for x in runs} == {1}
+
+
+def test_a_mixed_fleet_runs_each_slot_once_and_the_older_side_obeys_control(
+    fleet_factory: Callable[..., Fleet], previous: Path
+) -> None:
+    fleet = fleet_factory(every=1, work=0.1, lease=3)
+    fleet.start("old-a", "old-b", release=previous)
+    began = fleet.all_up()
+    wait_until(
+        fleet.watch(lambda ls: len(due_between(ls, began + 1, 1e12)) >= 3),
+        30,
+        "the older release to run three slots",
+        seen=fleet.tail,
+    )
+    # This release opens the store the older one laid out, while it runs.
+    fleet.start("new-a", "new-b")
+    mixed = fleet.all_up()
+    wait_until(
+        fleet.watch(lambda ls: len(due_between(ls, mixed + 1, 1e12)) >= 8),
+        30,
+        "eight slots of the mixed fleet",
+        seen=fleet.tail,
+    )
+    done = anarchon(fleet, "status")  # this release reads what both wrote
+    assert done.returncode == 0, shown(done)
+    assert "tick" in done.stdout and "old-a" in done.stdout, shown(done)
+
+    # The newer instances go (the upgrade rolled back, or not yet rolled on): the
+    # older ones alone follow this release's control requests.
+    for name in ("new-a", "new-b"):
+        fleet.stop(name)
+    alone = time.time()
+    done = anarchon(fleet, "pause", "tick")
+    paused_at = time.time()
+    assert done.returncode == 0, shown(done)
+    # The last slots claimed before the pause may start; none due later.
+    time.sleep(4)
+    assert due_between(fleet.lines(), paused_at + CLAIM_WINDOW, 1e12) == [], fleet.tail()
+    done = anarchon(fleet, "resume", "tick")
+    resumed_at = time.time()
+    assert done.returncode == 0, shown(done)
+    wait_until(
+        fleet.watch(lambda ls: len(due_between(ls, resumed_at + 1, 1e12)) >= 2),
+        15,
+        "the older release to run slots again after the resume",
+        seen=fleet.tail,
+    )
+    done = anarchon(fleet, "trigger", "tick")
+    assert done.returncode == 0, shown(done)
+    asked = done.stdout.split("asked to run ", 1)[1].split()[0]
+    wait_until(
+        fleet.watch(lambda ls: [x for x in starts(ls) if x["slot_id"] == asked]),
+        15,
+        f"the older release to run {asked}",
+        seen=fleet.tail,
+    )
+    last = time.time() - CLAIM_WINDOW
+    fleet.stop_all()
+
+    runs = fleet.lines()
+    assert_once(due_between(runs, began + 1, paused_at), began + 2, paused_at - 1, fleet)
+    after = [x for x in due_between(runs, resumed_at + CLAIM_WINDOW, last) if x["slot_id"] != asked]
+    assert_once(after, resumed_at + CLAIM_WINDOW + 1, last - 1, fleet)
+    winners = {x["instance"] for x in due_between(runs, alone + CLAIM_WINDOW, 1e12)}
+    assert winners and winners <= {"old-a", "old-b"}
+    assert len([x for x in starts(runs) if x["slot_id"] == asked]) == 1
+
+
+#: Each case: its job, the release of the runner, of the instance that takes the run
+#: on, and how the runner goes (killed: a takeover once its lease lapsed; SIGTERM: a
+#: hand-over at once).
+CASES = [
+    ("old-kill", "old", "new", signal.SIGKILL),
+    ("new-kill", "new", "old", signal.SIGKILL),
+    ("old-term", "old", "new", signal.SIGTERM),
+    ("new-term", "new", "old", signal.SIGTERM),
+]
+LEASES = {signal.SIGKILL: 2, signal.SIGTERM: 10}
+
+
+def test_runs_are_taken_over_and_handed_over_across_releases_both_ways(
+    tmp_path: Path, store_url: str, fleet_factory: Callable[..., Fleet], previous: Path
+) -> None:
+    anchor = anchor_soon(10)
+    fleets: dict[str, Fleet] = {}
+    tree: dict[str, Path | None] = {"old": previous, "new": None}
+    for job, runner, _, sig in CASES:
+        fleets[job] = fleet_factory(job=job, every=60, anchor=anchor, work=8, lease=LEASES[sig])
+        fleets[job].start(f"{job}-runner-{runner}", wait=False, release=tree[runner])
+    any_fleet = next(iter(fleets.values()))  # they share the report
+    first: dict[str, Line] = {}
+    for job in fleets:
+        found = wait_until(
+            any_fleet.watch(lambda ls, job=job: starts(ls, job)),
+            60,
+            f"the first run of {job}",
+            seen=any_fleet.tail,
+        )
+        first[job] = found[0]
+    # The instances that take the runs on start while the runs go on: each backs up
+    # the run it finds in the store.
+    for job, _, successor, _ in CASES:
+        fleets[job].start(f"{job}-next-{successor}", wait=False, release=tree[successor])
+    wait_until(
+        any_fleet.watch(lambda ls: sum(x["kind"] == "up" for x in ls) >= 2 * len(CASES)),
+        30,
+        "every instance up",
+        seen=any_fleet.tail,
+    )
+    gone: dict[str, float] = {}
+    for job, runner, _, sig in CASES:
+        gone[job] = fleets[job].signal(f"{job}-runner-{runner}", sig)
+    for job, _, successor, sig in CASES:
+        slot_id = first[job]["slot_id"]
+        again = wait_until(
+            any_fleet.watch(
+                lambda ls, slot_id=slot_id: [
+                    x for x in ls if x["kind"] == "start" and x["slot_id"] == slot_id
+                    and x["attempt"] == 2
+                ]
+            ),
+            LEASES[sig] + 10,
+            f"{job}: attempt 2 of {slot_id}",
+            seen=any_fleet.tail,
+        )[0]  # fmt: skip
+        assert again["instance"] == f"{job}-next-{successor}", again
+        assert again["token"] > first[job]["token"], (again, first[job])
+        if sig is signal.SIGTERM:  # handed over, not waited out: far less than the lease
+            assert again["t"] - gone[job] <= 3, (job, again["t"] - gone[job])
+    lines = any_fleet.lines()
+    for job in fleets:
+        runs = Counter((x["slot_id"], x["attempt"]) for x in starts(lines, job))
+        assert all(n == 1 for n in runs.values()), (job, runs)
