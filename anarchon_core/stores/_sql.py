@@ -18,6 +18,10 @@ import re
 
 from ..store import HISTORY
 
+#: The version of the layout this store writes in the server (keys, tables, records),
+#: as docs/upgrading.md lists it: raised with every change of that layout.
+LAYOUT_VERSION = 2
+
 NOW = "((julianday('now') - 2440587.5) * 86400.0)"
 #: The states that hold the lease, as an SQL list.
 _HELD_STATES = "('running', 'dispatched')"

@@ -90,8 +90,10 @@ from ._sockets import input_waiting
 
 A = TypeVar("A")
 
-#: The version of the tables' layout, in the jobs table's comment.
+#: The version of the tables' layout, in the jobs table's comment (docs/upgrading.md).
 SCHEMA_VERSION = 1
+#: As the other stores name it.
+LAYOUT_VERSION = SCHEMA_VERSION
 _COMMENT_HEAD = "anarchon schema "
 #: Seconds a call waits for a connection once the server was seen away.
 _DOWN_WAIT = 1.0

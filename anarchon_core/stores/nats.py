@@ -107,6 +107,10 @@ from ..store import (
 )
 from ..urls import redact, scrub, secrets_in, url_options
 
+#: The version of the layout this store writes in the server (keys, tables, records),
+#: as docs/upgrading.md lists it: raised with every change of that layout.
+LAYOUT_VERSION = 2
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 #: Compare-and-set rounds before a step gives up (each lost round means another writer won).

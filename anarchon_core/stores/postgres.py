@@ -109,6 +109,10 @@ from ..urls import redact, scrub, secrets_in
 from . import _deadlines as deadlines
 from ._sockets import input_waiting
 
+#: The version of the layout this store writes in the server (keys, tables, records),
+#: as docs/upgrading.md lists it: raised with every change of that layout.
+LAYOUT_VERSION = 2
+
 #: Seconds a call waits for a connection once the server was seen away.
 _DOWN_WAIT = 1.0
 #: The longest close() waits for the pool's threads.

@@ -93,6 +93,10 @@ from ..store import Claim, ClaimOnlyStore, ClaimRequest, ClaimStatus, JobState, 
 from ..urls import redact, scrub, url_options
 from ._lock import CallLock
 
+#: The version of the layout this store writes in the server (keys, tables, records),
+#: as docs/upgrading.md lists it: raised with every change of that layout.
+LAYOUT_VERSION = 1
+
 log = logging.getLogger(__name__)
 
 DEFAULT_EXPIRES = 24 * 3600.0

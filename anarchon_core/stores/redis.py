@@ -68,8 +68,9 @@ primary; lease expiry judged by that primary's clock alone.
 Caveats:
 
 - Nothing outlives the data. A server restarted without persistence (or a
-  ``FLUSHDB``) forgets every record: leases vanish, tokens start again at 1
-  and a slot already run may be claimed and run again. Run Redis with AOF
+  ``FLUSHDB``) forgets every record: leases vanish and a slot already run
+  may be claimed and run again (its tokens go on rising: they follow the
+  server's clock). Run Redis with AOF
   (``appendfsync everysec`` loses up to a second) if that matters.
 - Replication is asynchronous: after a failover the promoted replica may lack
   the last claims, with the same effect as above. ``WAIT`` does not make it
@@ -122,6 +123,10 @@ from ..store import (
     refused_if_any,
 )
 from ..urls import redact, scrub, url_options
+
+#: The version of the layout this store writes in the server (keys, tables, records),
+#: as docs/upgrading.md lists it: raised with every change of that layout.
+LAYOUT_VERSION = 2
 
 CONNECT_TIMEOUT = 3.0
 OPERATION_TIMEOUT = 3.0

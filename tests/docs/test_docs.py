@@ -835,3 +835,32 @@ def test_the_architecture_page_names_real_code() -> None:
                 found = True
                 break
         assert found, f"docs/architecture.md names {name!r}, which is not in the code"
+
+
+def test_the_upgrading_page_gives_each_stores_layout_version_as_the_code_does() -> None:
+    """docs/upgrading.md's table names, per store, the layout version of this release:
+    the one its module writes (``LAYOUT_VERSION``)."""
+    from anarchon_core import __version__
+    from anarchon_core.stores import _sql, mysql, nats, postgres, rabbitmq, redis
+
+    page = (DOCS / "upgrading.md").read_text(encoding="utf-8")
+    header = next(line for line in page.splitlines() if line.startswith("| Store |"))
+    column = [cell.strip() for cell in header.strip("|").split("|")].index(__version__)
+    rows = {
+        cells[0]: cells[column]
+        for line in page.splitlines()
+        if line.startswith("| ") and not line.startswith(("| Store", "|---"))
+        for cells in [[cell.strip() for cell in line.strip("|").split("|")]]
+    }
+    modules = {
+        "Redis, Valkey": redis,
+        "PostgreSQL": postgres,
+        "SQLite, libSQL": _sql,
+        "NATS": nats,
+        "RabbitMQ": rabbitmq,
+        "MySQL, MariaDB": mysql,
+    }
+    assert set(rows) == set(modules)
+    assert {name: int(rows[name]) for name in modules} == {
+        name: module.LAYOUT_VERSION for name, module in modules.items()
+    }

@@ -178,6 +178,9 @@ def test_runs_are_taken_over_and_handed_over_across_releases_both_ways(
             seen=any_fleet.tail,
         )
         first[job] = found[0]
+        # Which release claimed it shows in its token: 0.1.0 numbered a job's claims
+        # from 1, this release from the store's clock in ms.
+        assert (first[job]["token"] == 1) == job.startswith("old"), first[job]
     # The instances that take the runs on start while the runs go on: each backs up
     # the run it finds in the store.
     for job, _, successor, _ in CASES:
