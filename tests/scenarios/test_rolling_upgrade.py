@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from anarchon_core import open_store
 from tests import releases
 from tests.fleet import Fleet, Line, anchor_soon, slot_seconds
 from tests.waiting import wait_until
@@ -72,13 +73,19 @@ def due_between(lines: list[Line], since: float, until: float) -> list[Line]:
     return [x for x in starts(lines) if since < slot_seconds(x["slot_id"]) < until]
 
 
-def assert_once(runs: list[Line], first: float, last: float, fleet: Fleet) -> None:
-    """Every second from ``first`` to ``last`` started once, as attempt 1."""
-    counts = Counter(int(slot_seconds(x["slot_id"])) for x in runs)
+def assert_once(lines: list[Line], first: float, last: float, fleet: Fleet) -> None:
+    """Every second from ``first`` to ``last`` claimed once (attempt 1) and run to its end
+    once: a run handed over or taken over ends as its next attempt, not beside it."""
+    due = [x for x in lines if int(first) <= slot_seconds(x.get("slot_id", "x@0")) < int(last) + 1]
+    claims = Counter(int(slot_seconds(x["slot_id"])) for x in starts(due) if x["attempt"] == 1)
+    ends = Counter(int(slot_seconds(x["slot_id"])) for x in due if x["kind"] == "end")
     expected = set(range(int(first), int(last) + 1))
-    assert sorted(expected - set(counts)) == [], f"missed; {fleet.tail()}"
-    assert {s: n for s, n in counts.items() if n > 1} == {}, f"run twice; {fleet.tail()}"
-    assert {x["attempt"] for x in runs} == {1}
+    missed = sorted(expected - set(claims))
+    told = fleet.mentions(*(f"tick@{s * 1000}" for s in missed)) if missed else []
+    assert missed == [], f"missed {missed} of {int(first)}..{int(last)}: {told}"
+    twice = {s for s, n in claims.items() if n > 1} | {s for s, n in ends.items() if n > 1}
+    shown_twice = [x for x in due if int(slot_seconds(x["slot_id"])) in twice]
+    assert twice == set(), f"run twice: {shown_twice}; {fleet.tail()}"
 
 
 def test_a_mixed_fleet_runs_each_slot_once_and_the_older_side_obeys_control(
@@ -105,6 +112,15 @@ def test_a_mixed_fleet_runs_each_slot_once_and_the_older_side_obeys_control(
     done = anarchon(fleet, "status")  # this release reads what both wrote
     assert done.returncode == 0, shown(done)
     assert "tick" in done.stdout and "old-a" in done.stdout, shown(done)
+    # The history kept by count once this release migrated the store (by token
+    # distance, as the older layout kept it, clock tokens would leave one attempt).
+    store = open_store(fleet.store, namespace=fleet.namespace)
+    try:
+        history = store.history("tick", 50)  # type: ignore[attr-defined]
+    finally:
+        store.close()
+    owners = {run.owner for run in history}
+    assert len(history) >= 10 and {"old-a", "old-b"} & owners, history
 
     # The newer instances go (the upgrade rolled back, or not yet rolled on): the
     # older ones alone follow this release's control requests.
@@ -138,10 +154,10 @@ def test_a_mixed_fleet_runs_each_slot_once_and_the_older_side_obeys_control(
     last = time.time() - CLAIM_WINDOW
     fleet.stop_all()
 
+    lines = [x for x in fleet.lines() if x.get("slot_id") != asked]
+    assert_once(lines, began + 2, paused_at - 1, fleet)
+    assert_once(lines, resumed_at + CLAIM_WINDOW + 1, last - 1, fleet)
     runs = fleet.lines()
-    assert_once(due_between(runs, began + 1, paused_at), began + 2, paused_at - 1, fleet)
-    after = [x for x in due_between(runs, resumed_at + CLAIM_WINDOW, last) if x["slot_id"] != asked]
-    assert_once(after, resumed_at + CLAIM_WINDOW + 1, last - 1, fleet)
     winners = {x["instance"] for x in due_between(runs, alone + CLAIM_WINDOW, 1e12)}
     assert winners and winners <= {"old-a", "old-b"}
     assert len([x for x in starts(runs) if x["slot_id"] == asked]) == 1
