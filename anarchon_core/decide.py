@@ -209,8 +209,8 @@ def takeover(
 ) -> Decision[Claim]:
     """Take ``slot_ms`` of ``job`` over from the run carrying ``seen_token``, if it lapsed.
 
-    Won as the next attempt with the next token (:func:`next_token`); a running run taken over is
-    lost (a released one stays released).
+    Won as the next attempt with the next token (:func:`next_token`); a running run
+    taken over is lost (a released one stays released).
     """
     if old is None:
         return Decision(Claim(ClaimStatus.TAKEN, None))
