@@ -130,8 +130,19 @@ def test_a_mixed_fleet_runs_each_slot_once_and_the_older_side_obeys_control(
     done = anarchon(fleet, "pause", "tick")
     paused_at = time.time()
     assert done.returncode == 0, shown(done)
-    # The last slots claimed before the pause may start; none due later.
-    time.sleep(4)
+    # The older instances claim the next slots and are told the job is paused; the
+    # last slots claimed before the pause may start, none due later.
+    wait_until(
+        fleet.watch(
+            lambda ls: {
+                x["slot_id"] for x in ls
+                if x["kind"] == "paused" and slot_seconds(x["slot_id"]) > paused_at + CLAIM_WINDOW
+            } and len({x["slot_id"] for x in ls if x["kind"] == "paused"}) >= 3
+        ),
+        15,
+        "three slots refused as paused by the older release",
+        seen=fleet.tail,
+    )  # fmt: skip
     assert due_between(fleet.lines(), paused_at + CLAIM_WINDOW, 1e12) == [], fleet.tail()
     done = anarchon(fleet, "resume", "tick")
     resumed_at = time.time()
