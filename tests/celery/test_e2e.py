@@ -6,8 +6,7 @@ import re
 import signal
 import subprocess
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ import pytest
 from anarchon_core import open_store
 from tests.celery.harness import CELERY, CeleryFleet, Line, per_slot, slot_seconds
 from tests.cleanup import drop_namespace
-from tests.fleet import assert_each_second_once, fleets
+from tests.fleet import assert_each_second_once
 from tests.servers import free_port
 from tests.waiting import wait_until
 
@@ -23,21 +22,6 @@ pytestmark = pytest.mark.scenario
 
 FAST = {"every": 1, "work": 0.2}
 MINUTELY = {"cron": "* * * * *", "work": 0.2}
-
-
-@pytest.fixture
-def celery_redis(redis_url: str) -> str:
-    """The Redis broker, on one of databases 1-9 of the test Redis, queues per test.
-
-    Workers answer ``inspect`` broadcasts of every beat on their database:
-    spreading the tests over databases keeps their fleets apart.
-    """
-    return f"{redis_url.rsplit('/', 1)[0]}/{1 + uuid.uuid4().int % 9}"
-
-
-@pytest.fixture
-def fleet(tmp_path: Path) -> Iterator[Callable[..., CeleryFleet]]:
-    yield from fleets(CeleryFleet, tmp_path)
 
 
 def test_a_worker_killed_mid_task_is_followed_by_attempt_2(

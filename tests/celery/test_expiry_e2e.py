@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import signal
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -27,12 +26,6 @@ class ExpiryFleet(CeleryFleet):
     """Beats and workers of tests/celery/expiry_app.py: the entry ``late`` expires."""
 
     app = "tests.celery.expiry_app"
-
-
-@pytest.fixture
-def celery_redis(redis_url: str) -> str:
-    """The Redis broker, on one of databases 1-9 of the test Redis (see test_e2e.py)."""
-    return f"{redis_url.rsplit('/', 1)[0]}/{1 + uuid.uuid4().int % 9}"
 
 
 @pytest.fixture

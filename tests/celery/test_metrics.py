@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 
 from tests.celery.harness import CeleryFleet
-from tests.fleet import fleets, metrics_and_probes_served
+from tests.fleet import metrics_and_probes_served
 from tests.servers import free_port
 
 pytestmark = pytest.mark.scenario
-
-
-@pytest.fixture
-def fleet(tmp_path: Path) -> Iterator[Callable[..., CeleryFleet]]:
-    yield from fleets(CeleryFleet, tmp_path)
 
 
 def test_beat_serves_metrics_and_probes(fleet: Callable[..., CeleryFleet], redis_url: str) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import itertools
 import time
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,12 +28,6 @@ class OwnedFleet(CeleryFleet):
     """Beats and workers of tests/celery/owned_app.py: the entry ``two``."""
 
     app = "tests.celery.owned_app"
-
-
-@pytest.fixture
-def celery_redis(redis_url: str) -> str:
-    """The Redis broker, on one of databases 1-9 of the test Redis (see test_e2e.py)."""
-    return f"{redis_url.rsplit('/', 1)[0]}/{1 + uuid.uuid4().int % 9}"
 
 
 @pytest.fixture

@@ -10,32 +10,19 @@ mid-run in one pod is taken over as attempt 2 by the pod of the other release.
 from __future__ import annotations
 
 import time
-import uuid
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 
 from tests import releases
 from tests.celery.harness import CeleryFleet, Line, per_slot, slot_seconds
-from tests.fleet import assert_each_second_once, fleets
+from tests.fleet import assert_each_second_once
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.scenario
 
 #: The release the pods are upgraded from (RELEASES).
 PREVIOUS = "0.1.0"
-
-
-@pytest.fixture
-def celery_redis(redis_url: str) -> str:
-    """The Redis broker, on one of databases 1-9 of the test Redis (see test_e2e.py)."""
-    return f"{redis_url.rsplit('/', 1)[0]}/{1 + uuid.uuid4().int % 9}"
-
-
-@pytest.fixture
-def fleet(tmp_path: Path) -> Iterator[Callable[..., CeleryFleet]]:
-    yield from fleets(CeleryFleet, tmp_path)
 
 
 def test_old_and_new_beats_send_each_slot_once_and_take_over_each_others_work(

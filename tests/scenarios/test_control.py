@@ -12,10 +12,8 @@ steps run in order and each builds on the report of the ones before.
 from __future__ import annotations
 
 import itertools
-import os
 import re
 import subprocess
-import sys
 import time
 import uuid
 from collections import Counter
@@ -32,7 +30,6 @@ from tests.waiting import wait_until
 
 pytestmark = pytest.mark.scenario
 
-ROOT = Path(__file__).resolve().parents[2]
 NAMES = ("a", "b", "c")
 #: The job ``anarchon_core.tools.instance`` declares unless told otherwise.
 JOB = "tick"
@@ -56,18 +53,6 @@ def fleet(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Fleet]:
     finally:
         made.stop_all()
         drop_namespace(url, namespace)
-
-
-def anarchon(fleet: Fleet, *args: str) -> subprocess.CompletedProcess[str]:
-    """``anarchon VERB ARGS --store URL --namespace NS``, as a subprocess."""
-    argv = [sys.executable, "-m", "anarchon_core.cli", *args]
-    argv += ["--store", fleet.store, "--namespace", fleet.namespace]
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    done = subprocess.run(
-        argv, capture_output=True, text=True, env=env, cwd=ROOT, timeout=60, check=False
-    )
-    assert "Traceback" not in done.stderr, shown(done)
-    return done
 
 
 def shown(done: subprocess.CompletedProcess[str]) -> str:
@@ -95,7 +80,7 @@ def test_pause_resume_and_run_now_across_instances(fleet: Fleet) -> None:
     )
 
     # 1. Paused: no slot due after the pause starts, on any instance.
-    done = anarchon(fleet, "pause", JOB)
+    done = fleet.anarchon("pause", JOB)
     paused_at = time.time()  # the pause is in the store by now
     assert done.returncode == 0, shown(done)
     assert done.stdout == f"paused job {JOB!r}\n", shown(done)
@@ -117,14 +102,14 @@ def test_pause_resume_and_run_now_across_instances(fleet: Fleet) -> None:
     assert len(refused_after(lines, paused_at)) >= 2, lines[-10:]
 
     # 2. A run-now request for a paused job is refused, and nothing runs.
-    done = anarchon(fleet, "trigger", JOB)
+    done = fleet.anarchon("trigger", JOB)
     assert done.returncode == 1, shown(done)
     assert "paused" in done.stderr, shown(done)
     assert "asked to run" not in done.stdout, shown(done)
 
     # 3. Resumed: the next slot due runs once; the slots passed while paused never.
     resuming = time.time()
-    done = anarchon(fleet, "resume", JOB)
+    done = fleet.anarchon("resume", JOB)
     resumed_at = time.time()
     assert done.returncode == 0, shown(done)
     assert done.stdout == f"resumed job {JOB!r}\n", shown(done)
@@ -148,7 +133,7 @@ def test_pause_resume_and_run_now_across_instances(fleet: Fleet) -> None:
     assert in_pause == [], f"paused {paused_at:.3f} to {resuming:.3f}: {in_pause}"
 
     # 4. Run now: a slot of its own, run once on one instance, marked manual.
-    done = anarchon(fleet, "trigger", JOB)
+    done = fleet.anarchon("trigger", JOB)
     assert done.returncode == 0, shown(done)
     match = re.search(r"asked to run (\S+) now", done.stdout)
     assert match, shown(done)
@@ -190,7 +175,7 @@ def test_pause_resume_and_run_now_across_instances(fleet: Fleet) -> None:
     slot_text = when.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
     history = ""
     for _ in range(10):  # the manual mark is written just after the run began
-        done = anarchon(fleet, "history", JOB)
+        done = fleet.anarchon("history", JOB)
         assert done.returncode == 0, shown(done)
         history = done.stdout
         rows = [line.split() for line in history.splitlines()]
@@ -224,7 +209,7 @@ def test_a_stored_schedule_and_a_backfill_across_instances(fleet: Fleet) -> None
     fleet.start(*NAMES, every=60)  # the fleet's own job: a slot a minute, backfilled below
 
     # Added: every instance reads it within a second; its first slot runs once.
-    done = anarchon(fleet, "add", STORED, "--handler", "work", "--every", "2")
+    done = fleet.anarchon("add", STORED, "--handler", "work", "--every", "2")
     added_at = time.time()
     assert done.returncode == 0, shown(done)
     assert done.stdout.startswith(f"added job {STORED!r} v"), shown(done)
@@ -251,7 +236,7 @@ def test_a_stored_schedule_and_a_backfill_across_instances(fleet: Fleet) -> None
     assert len(seconds) >= 3
 
     # Changed to every 3 s: all instances follow within a second.
-    done = anarchon(fleet, "change", STORED, "--every", "3")
+    done = fleet.anarchon("change", STORED, "--every", "3")
     changed_at = time.time()
     assert done.returncode == 0, shown(done)
     wait_until(
@@ -280,7 +265,7 @@ def test_a_stored_schedule_and_a_backfill_across_instances(fleet: Fleet) -> None
     assert Counter(later).most_common(1)[0][1] == 1
 
     # Removed: no slot of it starts once every instance read the removal.
-    done = anarchon(fleet, "remove", STORED)
+    done = fleet.anarchon("remove", STORED)
     removed_at = time.time()
     assert done.returncode == 0, shown(done)
     time.sleep(4)
@@ -296,7 +281,7 @@ def test_a_stored_schedule_and_a_backfill_across_instances(fleet: Fleet) -> None
     now = int(time.time()) // 60 * 60
     start = datetime.fromtimestamp(now - 600, timezone.utc).isoformat()
     end = datetime.fromtimestamp(now, timezone.utc).isoformat()
-    done = anarchon(fleet, "backfill", JOB, "--from", start, "--to", end, "--unrecorded")
+    done = fleet.anarchon("backfill", JOB, "--from", start, "--to", end, "--unrecorded")
     assert done.returncode == 0, shown(done)
     expected = [f"{JOB}@{(now - 600 + 60 * k) * 1000}" for k in range(10)]
     wait_until(
@@ -314,8 +299,8 @@ def test_a_stored_schedule_and_a_backfill_across_instances(fleet: Fleet) -> None
     ends = {x["slot_id"]: x["t"] for x in lines if x["kind"] == "end"}
     for previous, following in itertools.pairwise(filled):
         assert following["t"] >= ends[previous["slot_id"]], (previous, following)
-    history = anarchon(fleet, "history", JOB, "--limit", "50")
+    history = fleet.anarchon("history", JOB, "--limit", "50")
     assert history.returncode == 0, shown(history)
     assert history.stdout.count("backfill") == 10, shown(history)
-    done = anarchon(fleet, "jobs")
+    done = fleet.anarchon("jobs")
     assert "backfill waiting" not in done.stdout, shown(done)

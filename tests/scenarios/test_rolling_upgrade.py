@@ -16,10 +16,7 @@ store that release had (MySQL came after it):
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -30,12 +27,11 @@ import pytest
 
 from anarchon_core import open_store
 from tests import releases
-from tests.fleet import Fleet, Line, anchor_soon, slot_seconds
+from tests.fleet import Fleet, Line, anchor_soon, shown, slot_seconds
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.scenario
 
-ROOT = Path(__file__).resolve().parents[2]
 #: The release a fleet is upgraded from.
 PREVIOUS = "0.1.0"
 #: A claim of slot S is sent before S + 1 s; plus a margin for its round trip.
@@ -47,22 +43,6 @@ def previous(store_url: str) -> Path:
     if urlsplit(store_url).scheme in ("mysql", "mariadb"):
         pytest.skip(f"release {PREVIOUS} has no MySQL store: no fleet of it to upgrade")
     return releases.source_tree(PREVIOUS)
-
-
-def anarchon(fleet: Fleet, *args: str) -> subprocess.CompletedProcess[str]:
-    """This release's ``anarchon VERB ARGS --store URL --namespace NS``, as a subprocess."""
-    argv = [sys.executable, "-m", "anarchon_core.cli", *args]
-    argv += ["--store", fleet.store, "--namespace", fleet.namespace]
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    done = subprocess.run(
-        argv, capture_output=True, text=True, env=env, cwd=ROOT, timeout=60, check=False
-    )
-    assert "Traceback" not in done.stderr, shown(done)
-    return done
-
-
-def shown(done: subprocess.CompletedProcess[str]) -> str:
-    return f"{done.args[3:5]}: exit {done.returncode}\nstdout:\n{done.stdout}stderr:\n{done.stderr}"
 
 
 def starts(lines: list[Line], job: str = "tick") -> list[Line]:
@@ -109,7 +89,7 @@ def test_a_mixed_fleet_runs_each_slot_once_and_the_older_side_obeys_control(
         "eight slots of the mixed fleet",
         seen=fleet.tail,
     )
-    done = anarchon(fleet, "status")  # this release reads what both wrote
+    done = fleet.anarchon("status")  # this release reads what both wrote
     assert done.returncode == 0, shown(done)
     assert "tick" in done.stdout and "old-a" in done.stdout, shown(done)
     # The history kept by count once this release migrated the store (by token
@@ -127,7 +107,7 @@ def test_a_mixed_fleet_runs_each_slot_once_and_the_older_side_obeys_control(
     for name in ("new-a", "new-b"):
         fleet.stop(name)
     alone = time.time()
-    done = anarchon(fleet, "pause", "tick")
+    done = fleet.anarchon("pause", "tick")
     paused_at = time.time()
     assert done.returncode == 0, shown(done)
     # The older instances claim the next slots and are told the job is paused; the
@@ -144,7 +124,7 @@ def test_a_mixed_fleet_runs_each_slot_once_and_the_older_side_obeys_control(
         seen=fleet.tail,
     )  # fmt: skip
     assert due_between(fleet.lines(), paused_at + CLAIM_WINDOW, 1e12) == [], fleet.tail()
-    done = anarchon(fleet, "resume", "tick")
+    done = fleet.anarchon("resume", "tick")
     resumed_at = time.time()
     assert done.returncode == 0, shown(done)
     wait_until(
@@ -153,7 +133,7 @@ def test_a_mixed_fleet_runs_each_slot_once_and_the_older_side_obeys_control(
         "the older release to run slots again after the resume",
         seen=fleet.tail,
     )
-    done = anarchon(fleet, "trigger", "tick")
+    done = fleet.anarchon("trigger", "tick")
     assert done.returncode == 0, shown(done)
     asked = done.stdout.split("asked to run ", 1)[1].split()[0]
     wait_until(
