@@ -18,6 +18,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -206,7 +207,12 @@ def _assert_each_slot_once(pod: Pod) -> None:
     assert {s: n for s, n in counts.items() if n > 1} == {}, "a slot ran twice"
     seconds = sorted(int(slot_seconds(str(s))) for s in counts)
     assert len(seconds) >= SLOTS
-    assert seconds == list(range(seconds[0], seconds[-1] + 1)), f"a slot was missed: {seconds}"
+    # A slot due while the one before still runs is skipped, as the overlap rule says,
+    # and the pod says so (a cold worker's first task may outlast its second).
+    said = pod.log.read_text(errors="replace")
+    skipped = {int(found) // 1000 for found in re.findall(r"anarchon: overlap \S+@(\d+) ", said)}
+    missed = sorted(set(range(seconds[0], seconds[-1] + 1)) - set(seconds) - skipped)
+    assert missed == [], f"slots missed: {missed}, run: {seconds}"
     assert {x["attempt"] for x in lines} == {1}
     assert len({x["id"] for x in lines}) == len(lines)
 
