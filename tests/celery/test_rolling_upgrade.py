@@ -42,14 +42,19 @@ def test_old_and_new_beats_send_each_slot_once_and_take_over_each_others_work(
         return len(per_slot(fast)) >= 10 and len({x["sent_by"] for x in fast}) == 2
 
     wait_until(pods.watch(both_sent), 90, "10 slots, sent by both beats", seen=pods.tail)
+
     # The long task, killed mid-run in the pod that runs it (the broker's choice), is
     # taken over in the pod of the other release.
-    first = wait_until(
-        pods.watch(lambda ls: pods.starts("long")),
-        75,
-        "a run of the long task",
-        seen=pods.tail,
-    )[0]
+    def running(lines: list[Line]) -> list[Line]:
+        """Runs of the long task (12 s) begun under 8 s ago and not ended."""
+        ended = {(x["slot_id"], x["attempt"]) for x in lines if x["kind"] == "end"}
+        return [
+            x for x in lines
+            if x["kind"] == "start" and x["job"] == "long" and time.time() - x["t"] < 8
+            and (x["slot_id"], x["attempt"]) not in ended
+        ]  # fmt: skip
+
+    first = wait_until(pods.watch(running), 75, "a run of the long task", seen=pods.tail)[0]
     runner = pods.pod_of_worker(first["worker"])
     other = {"old": "new", "new": "old"}[runner]
     killed_at = pods.kill(runner)
