@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from tests.cli.command import anarchon
 from tests.processes import OWN_GROUP
 from tests.waiting import wait_until
 
@@ -133,15 +134,8 @@ class Fleet:
 
     def anarchon(self, *args: str) -> subprocess.CompletedProcess[str]:
         """This tree's ``anarchon ARGS --store URL --namespace NS`` on the fleet's store, run
-        as a user runs it (a subprocess); it must not end in a traceback."""
-        argv = [sys.executable, "-m", "anarchon_core.cli", *args]
-        argv += ["--store", self.store, "--namespace", self.namespace]
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
-        done = subprocess.run(
-            argv, capture_output=True, text=True, env=env, cwd=ROOT, timeout=60, check=False
-        )
-        assert "Traceback" not in done.stderr, shown(done)
-        return done
+        as a user runs it (tests/cli/command.py)."""
+        return anarchon(*args, "--store", self.store, "--namespace", self.namespace)
 
     def signal(self, name: str, sig: signal.Signals) -> float:
         """Signal the whole pod (process group); returns when."""

@@ -53,6 +53,16 @@ def due_between(lines: list[Line], since: float, until: float) -> list[Line]:
     return [x for x in starts(lines) if since < slot_seconds(x["slot_id"]) < until]
 
 
+def slots_run(fleet: Fleet, since: float, count: int, what: str) -> None:
+    """Wait until ``count`` slots due after ``since`` started."""
+    wait_until(
+        fleet.watch(lambda ls: len(due_between(ls, since, 1e12)) >= count),
+        30,
+        what,
+        seen=fleet.tail,
+    )
+
+
 def assert_once(lines: list[Line], first: float, last: float, fleet: Fleet) -> None:
     """Every second from ``first`` to ``last`` claimed once (attempt 1) and run to its end
     once: a run handed over or taken over ends as its next attempt, not beside it."""
@@ -74,21 +84,11 @@ def test_a_mixed_fleet_runs_each_slot_once_and_the_older_side_obeys_control(
     fleet = fleet_factory(every=1, work=0.1, lease=3)
     fleet.start("old-a", "old-b", release=previous)
     began = fleet.all_up()
-    wait_until(
-        fleet.watch(lambda ls: len(due_between(ls, began + 1, 1e12)) >= 3),
-        30,
-        "the older release to run three slots",
-        seen=fleet.tail,
-    )
+    slots_run(fleet, began + 1, 3, "the older release to run three slots")
     # This release opens the store the older one laid out, while it runs.
     fleet.start("new-a", "new-b")
     mixed = fleet.all_up()
-    wait_until(
-        fleet.watch(lambda ls: len(due_between(ls, mixed + 1, 1e12)) >= 8),
-        30,
-        "eight slots of the mixed fleet",
-        seen=fleet.tail,
-    )
+    slots_run(fleet, mixed + 1, 8, "eight slots of the mixed fleet")
     done = fleet.anarchon("status")  # this release reads what both wrote
     assert done.returncode == 0, shown(done)
     assert "tick" in done.stdout and "old-a" in done.stdout, shown(done)
@@ -127,12 +127,7 @@ def test_a_mixed_fleet_runs_each_slot_once_and_the_older_side_obeys_control(
     done = fleet.anarchon("resume", "tick")
     resumed_at = time.time()
     assert done.returncode == 0, shown(done)
-    wait_until(
-        fleet.watch(lambda ls: len(due_between(ls, resumed_at + 1, 1e12)) >= 2),
-        15,
-        "the older release to run slots again after the resume",
-        seen=fleet.tail,
-    )
+    slots_run(fleet, resumed_at + 1, 2, "the older release to run slots again after the resume")
     done = fleet.anarchon("trigger", "tick")
     assert done.returncode == 0, shown(done)
     asked = done.stdout.split("asked to run ", 1)[1].split()[0]
