@@ -34,7 +34,7 @@ large, and read rarely).
 
 Steps. ``claim``, ``takeover``, ``renew``, ``dispatch``, ``finish``/``release``
 each run one script (EVALSHA; on ``NOSCRIPT`` after ``SCRIPT FLUSH`` or a
-server restart the script is loaded again and re-sent). ``renew`` and
+server restart the script is sent again whole, with EVAL). ``renew`` and
 ``dispatch`` set the state (``running``, ``dispatched``) and lease of the
 token's holder, running or dispatched; ``finish``/``release`` end it, and
 answer yes unchanged when the record already carries the token with that end
@@ -750,15 +750,13 @@ class RedisStore(LeaseStore, RegistryStore, ControlStore, OnceStore):
                 self._waited(replies)
                 for chunk, (keys, args), reply in zip(chunks, sent, replies, strict=True):
                     if isinstance(reply, NoScriptError):
-                        # Flushed or restarted server; the script did not run. It is
-                        # loaded and sent again (with its wait for the replicas).
-                        server.script_load(script.script)
+                        # Flushed or restarted server; the script did not run. It is sent
+                        # again whole (EVAL, which also caches it): no flush between a
+                        # load and its use can miss it. With its wait for the replicas.
                         again = server.pipeline(transaction=False)
-                        again.evalsha(script.sha, len(keys), *keys, *args)
+                        again.eval(_text(script.script), len(keys), *keys, *args)
                         self._wait_in(again)
                         reply = again.execute(raise_on_error=False)[0]
-                        if isinstance(reply, NoScriptError):
-                            raise reply
                     answers = reply if isinstance(reply, list) else [reply] * len(chunk)
                     for i, answer in zip(chunk, answers, strict=True):
                         results[i] = answer
