@@ -18,6 +18,12 @@ from tests.processes import yielding
 
 pytest_plugins = ["tests.watchdog"]
 
+# The suite starts about two thousand Python processes (instances, commands, Celery
+# and Dramatiq apps). With PYTHONDONTWRITEBYTECODE set, as on some machines, each one
+# compiled this tree's modules from source again (about 0.1 s of CPU per process);
+# without it, the first one writes their bytecode caches and the others read them.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+
 T = TypeVar("T")
 
 
