@@ -18,12 +18,6 @@ from tests.processes import yielding
 
 pytest_plugins = ["tests.watchdog"]
 
-# The suite starts about two thousand Python processes (instances, commands, Celery
-# and Dramatiq apps). With PYTHONDONTWRITEBYTECODE set, as on some machines, each one
-# compiled this tree's modules from source again (0.1 to 0.2 s of CPU per process);
-# without it, the first one writes their bytecode caches and the others read them.
-os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
-
 T = TypeVar("T")
 
 
