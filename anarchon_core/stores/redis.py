@@ -745,18 +745,16 @@ class RedisStore(LeaseStore, RegistryStore, ControlStore, OnceStore):
                     pipe.sadd(self._jobs_key, *names)
                 for keys, args in sent:
                     pipe.evalsha(script.sha, len(keys), *keys, *args)
-                self._wait_in(pipe)
-                replies = pipe.execute(raise_on_error=False)[1 if add else 0 :]
-                self._waited(replies)
+                replies = self._execute_waiting(pipe)[1 if add else 0 :]
                 for chunk, (keys, args), reply in zip(chunks, sent, replies, strict=True):
                     if isinstance(reply, NoScriptError):
                         # Flushed or restarted server; the script did not run. It is sent
                         # again whole (EVAL, which also caches it): no flush between a
-                        # load and its use can miss it. With its wait for the replicas.
+                        # load and its use can miss it. With its wait for the replicas,
+                        # checked like the first: its writes count only once acknowledged.
                         again = server.pipeline(transaction=False)
                         again.eval(_text(script.script), len(keys), *keys, *args)
-                        self._wait_in(again)
-                        reply = again.execute(raise_on_error=False)[0]
+                        reply = self._execute_waiting(again)[0]
                     answers = reply if isinstance(reply, list) else [reply] * len(chunk)
                     for i, answer in zip(chunk, answers, strict=True):
                         results[i] = answer
@@ -765,20 +763,21 @@ class RedisStore(LeaseStore, RegistryStore, ControlStore, OnceStore):
                     raise answer
         return results
 
-    def _wait_in(self, pipe: Any) -> None:
-        """With ``replicas``, the pipeline ends with a WAIT for them (one connection: the
-        wait covers the writes sent before it on that connection)."""
-        if self.replicas:
-            pipe.execute_command("WAIT", self.replicas, round(self.replica_timeout * 1000))
+    def _execute_waiting(self, pipe: Any) -> list[Any]:
+        """Run the step's pipeline (errors as replies), with ``replicas`` ended by a WAIT
+        for them (one connection: the wait covers the writes sent before it on that
+        connection), and answer its replies without the WAIT's.
 
-    def _waited(self, replies: list[Any]) -> None:
-        """Drop the WAIT's reply off ``replies``; an outage if too few replicas acknowledged.
-
-        The writes were applied on the primary but are not known to outlive it: the
-        step does not count (a claim is not run; an end is sent again), as if the
-        server had not answered. Its replies are left unread."""
+        Too few replicas acknowledged: the writes were applied on the primary but are
+        not known to outlive it, and the step does not count (a claim is not run; an end
+        is sent again), as if the server had not answered: an outage is raised and the
+        replies are left unread. Every pipeline of a step goes through here, so that
+        none has its writes counted without the wait (a script sent again after
+        ``NOSCRIPT`` included)."""
         if not self.replicas:
-            return
+            return list(pipe.execute(raise_on_error=False))
+        pipe.execute_command("WAIT", self.replicas, round(self.replica_timeout * 1000))
+        replies = list(pipe.execute(raise_on_error=False))
         acknowledged = replies.pop()
         if isinstance(acknowledged, Exception):
             raise acknowledged
@@ -788,6 +787,7 @@ class RedisStore(LeaseStore, RegistryStore, ControlStore, OnceStore):
                 f" asked for acknowledged the step's writes within"
                 f" {self.replica_timeout:g} s (replicas=): the step does not count"
             )
+        return replies
 
     def _script_call(
         self, calls: Sequence[tuple[str, list[Any]]], chunk: list[int]

@@ -364,6 +364,13 @@ def test_the_replicas_option_is_checked_when_the_store_opens() -> None:
     store.close()
 
 
+def _acknowledged_all(primary: redis.Redis) -> bool:
+    """Whether the primary's one replica acknowledged its whole replication stream."""
+    info = primary.info("replication")
+    replica = info.get("slave0")
+    return isinstance(replica, dict) and replica.get("offset") == info["master_repl_offset"]
+
+
 def test_with_replicas_a_step_counts_once_a_replica_has_it(tmp_path: Path) -> None:
     """``?replicas=1``: each step's writes wait for a replica's acknowledgement (WAIT). A
     replica frozen: the claim was applied on the primary but does not count (an outage,
@@ -398,6 +405,13 @@ def test_with_replicas_a_step_counts_once_a_replica_has_it(tmp_path: Path) -> No
         won = store.claim("job", SLOT, "a", 30)
         assert won.won and won.holder is not None
         assert replica.proc is not None
+        # The replica acknowledged every write before it freezes: the end's first send
+        # (EVALSHA of a script this server has not seen: NOSCRIPT, nothing written) finds
+        # nothing unacknowledged, and only the wait after the script sent again whole
+        # can refuse it. A step counted without that wait is what this catches.
+        source = redis.Redis(port=primary.port)
+        wait_until(lambda: _acknowledged_all(source), 20, "the replica to acknowledge")
+        source.close()
         servers.freeze(replica.proc.pid)
         try:
             started = time.monotonic()
