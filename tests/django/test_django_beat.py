@@ -33,10 +33,10 @@ POLL = 1.0
 #: An edit is followed by every beat within a poll, plus a margin for a loaded machine
 #: (CI runs ten test processes on two cores).
 FOLLOWED = POLL + 3.0
-#: When, after the rows with times of their own are added, 'expiring' expires,
-#: 'clocked' runs and 'later' starts. Adding the rows starts a Django process, which
-#: takes seconds on a loaded machine, and 'expiring' must be followed and sent before
-#: it expires: hence the margin. (The crontab minute waited for below takes longer.)
+#: When, after the rows with times of their own are written, 'expiring' expires,
+#: 'clocked' runs and 'later' starts. 'expiring' must be followed and sent before it
+#: expires, on a loaded machine: hence the margin. (The crontab minute waited for
+#: below takes longer.)
 EXPIRING, CLOCKED, LATER = 15, 18, 21
 
 
@@ -125,16 +125,17 @@ def _scenario(pods: DjangoFleet, rows: Project, store: str) -> None:
 
     wait("tracking in every beat", lambda: pods.tracking("w", "b2", "b3"), 60)
     wait("three runs of every2", lambda: len(starts("every2")) >= 3)
-    # Rows with times of their own, added while the beats run.
-    t0 = round(time.time())
-    rows.rows(
+    # Rows with times of their own, added while the beats run: their times count from the
+    # moment they are written (t0), not from when the Django process that writes them began.
+    added = rows.rows(
         "create",
         [
-            {"name": "later", "every": 2, "start_time": t0 + LATER, "args": ["later"]},
-            {"name": "expiring", "every": 2, "expires": t0 + EXPIRING, "args": ["expiring"]},
-            {"name": "clocked", "clocked": t0 + CLOCKED, "args": ["clocked"]},
+            {"name": "later", "every": 2, "start_time": {"in": LATER}, "args": ["later"]},
+            {"name": "expiring", "every": 2, "expires": {"in": EXPIRING}, "args": ["expiring"]},
+            {"name": "clocked", "clocked": {"in": CLOCKED}, "args": ["clocked"]},
         ],
     )
+    t0 = json.loads(added)["now"]
     assert time.time() + FOLLOWED + 2 < t0 + EXPIRING, "the rows took too long to add"
 
     # Edits, as the admin saves them: a new interval, a row disabled, one deleted, one added.

@@ -4,8 +4,11 @@
 environment (``DJ_DATABASE``): ``migrate``; ``create`` (a list of rows:
 name, task, and one of every (seconds), cron ("m h dom mon dow" with
 timezone), clocked (Unix seconds), solar (event), plus any PeriodicTask
-column); ``every`` (name, seconds: the row's interval changed, as the
-admin's change form saves it); ``disable``, ``delete`` (a name);
+column; a time, clocked, ``start_time`` or ``expires``, may be ``{"in": seconds}``:
+that long after the moment the rows are written, which it prints as JSON,
+``{"now": unix_seconds}``, so that starting Django takes none of it); ``every``
+(name, seconds: the row's interval changed, as the admin's change form saves it);
+``disable``, ``delete`` (a name);
 ``dump`` (every row's enabled, total_run_count and last_run_at as JSON);
 ``tables`` (the database's table names); ``do`` (a list of such commands,
 each ``[command, args...]``, in one process).
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from datetime import datetime, timezone
 from typing import Any
 
@@ -31,13 +35,25 @@ from django_celery_beat.models import (  # noqa: E402
     SolarSchedule,
 )
 
+#: The fields of a row that hold a time.
+_TIMES = ("clocked", "start_time", "expires")
+
 
 def _interval(seconds: int) -> IntervalSchedule:
     interval, _ = IntervalSchedule.objects.get_or_create(every=seconds, period="seconds")
     return interval
 
 
+def _time(value: float | dict[str, float], now: float) -> datetime:
+    """A row's time: Unix seconds, or ``{"in": seconds}`` after ``now``."""
+    at = now + value["in"] if isinstance(value, dict) else value
+    return datetime.fromtimestamp(at, timezone.utc)
+
+
 def create(rows: list[dict[str, Any]]) -> None:
+    now = round(time.time())
+    if any(isinstance(spec.get(key), dict) for spec in rows for key in _TIMES):
+        print(json.dumps({"now": now}))
     for spec in rows:
         spec = dict(spec)
         fields: dict[str, Any] = {"name": spec.pop("name"), "task": spec.pop("task", "dj.work")}
@@ -54,7 +70,7 @@ def create(rows: list[dict[str, Any]]) -> None:
                 timezone=spec.pop("timezone", "UTC"),
             )
         if "clocked" in spec:
-            at = datetime.fromtimestamp(spec.pop("clocked"), timezone.utc)
+            at = _time(spec.pop("clocked"), now)
             fields["clocked"] = ClockedSchedule.objects.create(clocked_time=at)
             fields["one_off"] = True
         if "solar" in spec:
@@ -66,7 +82,7 @@ def create(rows: list[dict[str, Any]]) -> None:
                 spec[key] = json.dumps(spec[key])
         for key in ("start_time", "expires"):
             if key in spec:
-                spec[key] = datetime.fromtimestamp(spec[key], timezone.utc)
+                spec[key] = _time(spec[key], now)
         PeriodicTask.objects.create(**fields, **spec)
 
 
