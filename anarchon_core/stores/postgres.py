@@ -865,15 +865,17 @@ class PostgresStore(LeaseStore, RegistryStore, ControlStore, OnceStore):
 
     def _add_once(self, entries: list[OnceEntry]) -> None:
         add = self._once_statements()["add"]
-        with self._connection() as conn:
-            self._once_exists(conn, create=True)
-            for i in range(0, len(entries), _ONCE_CHUNK):
-                chunk = entries[i : i + _ONCE_CHUNK]
-                params = {
-                    "dues": [e.due_ms for e in chunk],
-                    "jobs": [e.job for e in chunk],
-                    "values": [e.value for e in chunk],
-                }
+        for i in range(0, len(entries), _ONCE_CHUNK):
+            chunk = entries[i : i + _ONCE_CHUNK]
+            params = {
+                "dues": [e.due_ms for e in chunk],
+                "jobs": [e.job for e in chunk],
+                "values": [e.value for e in chunk],
+            }
+            # Each chunk a call of its own, under its own deadline: a call's deadline
+            # bounds one round trip's worth of work, and 100,000 entries are a hundred.
+            with self._connection() as conn:
+                self._once_exists(conn, create=True)
                 conn.execute(add, params)
 
     def _once_rows(self, statement: str, params: dict[str, Any]) -> list[OnceEntry]:
