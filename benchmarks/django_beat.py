@@ -104,9 +104,9 @@ MINUTELY = "* * * * *"
 START_TIMEOUT = 120.0
 #: The first slot measured is at least this long after every beat has started.
 SETTLE = 2.0
-#: Rows made while the beats run are first due at least this long after: the
-#: time to make them, then django-celery-beat's longest sleep between two reads
-#: of its change marker (5 s), then some.
+#: Rows made while the beats run are first due at least this long after they are
+#: written (``rows.py ahead``): django-celery-beat's longest sleep between two
+#: reads of its change marker (5 s), then some for a loaded machine.
 ADDED_LEAD = 12.0
 
 HEADER = (
@@ -234,8 +234,8 @@ class Database:
     def drop(self) -> None:
         self._admin(f"DROP DATABASE IF EXISTS {self.name} WITH (FORCE)")
 
-    def rows(self, *argv: str) -> None:
-        """``benchmarks/django_project/rows.py`` on this database."""
+    def rows(self, *argv: str) -> str:
+        """``benchmarks/django_project/rows.py`` on this database; what it printed."""
         env = dict(os.environ, **self.env)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
         done = subprocess.run(
@@ -248,6 +248,7 @@ class Database:
         )
         if done.returncode != 0:
             raise RuntimeError(f"rows {' '.join(argv)}: {done.stderr[-3000:]}")
+        return done.stdout
 
     def changed(self) -> dict[str, float]:
         """Each row's ``date_changed`` (Unix seconds)."""
@@ -507,15 +508,16 @@ class CaseRun:
                 )
 
     def plan(self, now: float) -> None:
-        """The window; rows made while the beats run are made now, first due at its start."""
+        """The window; rows made while the beats run are made now, first due at its start
+        (:data:`ADDED_LEAD` after they were written, however long their process took)."""
         every = self.case.every
-        lead = ADDED_LEAD if self.case.added else SETTLE
-        first = math.ceil((now + lead) / every) * every
-        self.window = Window(first, first + self.case.seconds, every)
         if self.case.added:
-            before = first - every
-            self.database.rows("create", str(self.case.rows), self.case.schedule, repr(before))
-            self.start = dict.fromkeys(self.rows, before)
+            argv = [str(self.case.rows), self.case.schedule, repr(ADDED_LEAD), repr(every)]
+            first = float(self.database.rows("ahead", *argv))
+            self.start = dict.fromkeys(self.rows, first - every)
+        else:
+            first = math.ceil((now + SETTLE) / every) * every
+        self.window = Window(first, first + self.case.seconds, every)
 
     def begin(self) -> None:
         self.check_alive("exited during the run")

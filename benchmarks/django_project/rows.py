@@ -13,11 +13,17 @@ In the project's environment (``BENCH_DJ_DATABASE``):
   seconds) sets every row's ``last_run_at``. One ``bulk_create``, then
   ``PeriodicTasks.update_changed()``, as a bulk insert must (it saves no row
   one by one, so the change marker would not move).
+- ``ahead COUNT SCHEDULE LEAD EVERY``: ``create`` with ``LAST_RUN_AT`` one
+  interval before the first multiple of ``EVERY`` seconds at least ``LEAD``
+  seconds after the moment the rows are written, which it prints: times
+  counted from the write, not from the start of this process.
 """
 
 from __future__ import annotations
 
+import math
 import sys
+import time
 from datetime import datetime, timezone
 
 import django
@@ -67,8 +73,13 @@ def main(argv: list[str]) -> None:
         PeriodicTasks.update_changed()
     elif command == "create":
         create(int(args[0]), args[1], float(args[2]) if len(args) > 2 else None)
+    elif command == "ahead":
+        lead, every = float(args[2]), float(args[3])
+        first = math.ceil((time.time() + lead) / every) * every
+        create(int(args[0]), args[1], first - every)
+        print(first)
     else:
-        raise SystemExit(f"unknown command {command!r}: migrate or create")
+        raise SystemExit(f"unknown command {command!r}: migrate, create or ahead")
 
 
 if __name__ == "__main__":
