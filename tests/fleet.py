@@ -220,6 +220,18 @@ class Fleet:
             x["t"] for x in self.lines() if x["kind"] == "up" and x["instance"] in self.procs
         )
 
+    def all_ready(self, timeout: float = 60) -> float:
+        """When the last of the instances running now had done its first step (every job
+        placed, the store answered: its ``ready`` line), waited for."""
+        names = set(self.procs)
+
+        def ready() -> list[float]:
+            lines = self.lines()
+            seen = {x["instance"]: x["t"] for x in lines if x["kind"] == "ready"}
+            return list(seen.values()) if names <= set(seen) else []
+
+        return max(wait_until(ready, timeout, "every instance's first step", seen=self.tail))
+
     def tail(self) -> str:
         """The report's last lines and the end of every log: what a failed wait shows."""
         lines = "\n".join(json.dumps(x) for x in self.lines()[-10:])

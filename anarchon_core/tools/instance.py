@@ -3,8 +3,9 @@
 ``anarchon demo`` starts several of these as processes sharing one store, and
 the failure-scenario tests start them too, then send them real signals. Each
 instance appends one JSON object per line to a shared report file: the
-handler's ``start`` / ``end`` / ``abort`` (it saw ``run.lost``) and the engine's events (takeover,
-hand-over, lost lease, refused finish, ...). Lines are written with a single
+handler's ``start`` / ``end`` / ``abort`` (it saw ``run.lost``), ``up`` (its jobs declared)
+and ``ready`` (its first step done: every job placed, the store answered), and the engine's
+events (takeover, hand-over, lost lease, refused finish, ...). Lines are written with a single
 ``os.write`` on a file opened with ``O_APPEND``, so concurrent writers never
 interleave.
 
@@ -25,6 +26,7 @@ import argparse
 import json
 import logging
 import os
+import threading
 import time
 from datetime import datetime, timezone
 from typing import Any
@@ -131,6 +133,15 @@ def main(argv: list[str] | None = None) -> None:
 
         probes = serve(scheduler, args.metrics_port, "127.0.0.1")
     report.write("up", pid=os.getpid(), metrics_port=probes.port if probes else None)
+
+    def await_ready() -> None:
+        # "ready": the first step placed every job and the store answered it (health's
+        # readiness), which a loaded machine may take seconds after "up" to reach.
+        while not scheduler.health().ready:
+            time.sleep(0.05)
+        report.write("ready", pid=os.getpid())
+
+    threading.Thread(target=await_ready, name="anarchon-instance-ready", daemon=True).start()
     scheduler.run_forever()
     report.write("down", pid=os.getpid())
 

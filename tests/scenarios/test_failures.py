@@ -255,15 +255,16 @@ def test_a_newer_slot_supersedes_a_lapsed_run_which_is_not_retried(
 def test_a_backup_takes_a_lapsed_run_over_before_the_next_slot(fleet_factory: Any) -> None:
     """Backups look rarely (watch=20), yet the lapsed run is taken over before the next claim.
 
-    The run killed is of a slot due a second after the last instance was up: one that
-    places the job after a slot's time but before that slot's claim is written reads no
-    record, starts with the next slot and knows of no run to back up (its claim of that
-    slot supersedes the lapsed run, as in the test above). The first slot comes 3 s after
-    the start (the one before it came before); on a machine so loaded that the instances
-    take longer to come up, the killed run is the first of a later slot."""
+    The run killed is of a slot due a second after the last instance had done its first
+    step (placed the job, read the store): one that places the job after a slot's time but
+    before that slot's claim is written reads no record, starts with the next slot and
+    knows of no run to back up (its claim of that slot supersedes the lapsed run, as in the
+    test above). The first slot comes 3 s after the start (the one before it came before);
+    on a machine so loaded that the instances take longer to come up, the killed run is the
+    first of a later slot."""
     fleet = fleet_factory(every=4, anchor=anchor_soon(3), work=12, lease=2, watch=20)
     fleet.start(*NAMES)
-    first = fleet.first_start(after=fleet.all_up() + 1)
+    first = fleet.first_start(after=fleet.all_ready() + 1)
     fleet.kill(first["instance"])
     wait_until(
         fleet.watch(lambda ls: len(runs_of(ls, first["slot_id"])) > 1),
