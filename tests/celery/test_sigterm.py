@@ -70,11 +70,15 @@ EXIT_LIMIT = 1.0
 #: From SIGTERM to the process's end, at most: beat's shutdown plus the
 #: interpreter's teardown (Celery's modules and objects), which CPU contention
 #: stretches: under the full suite, 8 tests on 2 cores, that teardown alone was
-#: seen to take 2 s. Less the time the beat waited for a CPU until its exit handlers
-#: (its teardown's waits are not known). A hang is what :data:`HANG_LIMIT` catches.
+#: seen to take 2 s. Less the time the beat waited for a CPU meanwhile: its threads'
+#: until its exit handlers, or its main thread's until its end (read off the exited
+#: process before it is reaped), whichever is longer. A hang is what
+#: :data:`HANG_LIMIT` catches.
 PROCESS_LIMIT = 4.0
-#: A beat still alive this long after SIGTERM is counted as hung and killed.
+#: A beat still alive this long after SIGTERM, less the time its main thread waited
+#: for a CPU meanwhile, is counted as hung and killed (and at :data:`HANG_CAP` anyway).
 HANG_LIMIT = 5.0
+HANG_CAP = 30.0
 #: Entries of the beats' schedule, every one due each second: a longer tick.
 ENTRIES = 20
 #: A slot left running by a stopped beat stays visible this long.
@@ -100,6 +104,22 @@ def cpu_waited(pid: int | str = "self") -> float:
             with contextlib.suppress(OSError, ValueError, IndexError):
                 total += int((task / "schedstat").read_text().split()[1])
     return total / 1e9
+
+
+def main_thread_waited(pid: int) -> float:
+    """Seconds the main thread of process ``pid`` waited for a CPU (its schedstat, which
+    stays readable after the process exits, until it is reaped). 0.0 where not said."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        return int(Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[1]) / 1e9
+    return 0.0
+
+
+def exited(pid: int) -> bool:
+    """Whether child ``pid`` has exited, without reaping it."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
 
 
 # -- the beats' Celery app -------------------------------------------------
@@ -159,12 +179,14 @@ class Stop:
     moment: str
     pid: int
     log: Path
-    #: Seconds from the signal to the process's exit; None: still running at HANG_LIMIT.
+    #: Seconds from the signal to the process's exit; None: counted as hung (HANG_LIMIT).
     exit_after: float | None = None
     #: Wall-clock time of the signal.
     signalled_at: float = 0.0
     #: The beat's :func:`cpu_waited` as it was signalled.
     waited_at_signal: float = 0.0
+    #: Seconds its main thread waited for a CPU from the signal to its end.
+    main_waited: float = 0.0
     returncode: int | None = None
     #: Records left running under the stopped beat's instance.
     held: list[str] = field(default_factory=list)
@@ -177,7 +199,7 @@ class Stop:
         return (
             not self.error
             and self.exit_after is not None
-            and self.exit_after - self.cpu_wait() <= PROCESS_LIMIT
+            and self.exit_after - self.process_wait() <= PROCESS_LIMIT
             and (self.handlers_after() or 0.0) - self.cpu_wait() <= EXIT_LIMIT
             and not self.held
         )
@@ -187,18 +209,21 @@ class Stop:
         if self.error:
             return f"{where}: {self.error}"
         if self.exit_after is None:
-            return f"{where}: still running {HANG_LIMIT:g}s after SIGTERM (killed)"
+            return (
+                f"{where}: still running {HANG_LIMIT:g}s after SIGTERM, less its CPU waits (killed)"
+            )
         problems = []
         handlers, waited = self.handlers_after(), self.cpu_wait()
         if (
-            self.exit_after - waited > PROCESS_LIMIT
+            self.exit_after - self.process_wait() > PROCESS_LIMIT
             or handlers is None
             or handlers - waited > EXIT_LIMIT
         ):
             problems.append(
                 f"exited {self.exit_after:.2f}s after SIGTERM (limits, less the time it"
                 f" waited for a CPU: {EXIT_LIMIT:g}s to its exit handlers, {PROCESS_LIMIT:g}s"
-                f" to its end; {self.exit_handlers()})"
+                f" to its end; {self.exit_handlers()}; its main thread waited for a CPU"
+                f" {self.main_waited:.2f}s before its end)"
             )
         if self.held:
             problems.append("left running under its instance: " + "; ".join(self.held))
@@ -222,6 +247,11 @@ class Stop:
         """Seconds the beat waited for a CPU from the signal to its exit handlers."""
         found = self._exit_line()
         return 0.0 if found is None else max(0.0, found[1] - self.waited_at_signal)
+
+    def process_wait(self) -> float:
+        """Seconds the beat waited for a CPU between the signal and its end, as far as
+        known: its threads' until its exit handlers, or its main thread's until its end."""
+        return max(self.cpu_wait(), self.main_waited)
 
     def exit_handlers(self) -> str:
         """When the beat's exit handlers ran: what of the exit time its shutdown took."""
@@ -373,9 +403,18 @@ class Lane:
         signalled = time.monotonic()
         stop.signalled_at = time.time()
         stop.waited_at_signal = cpu_waited(proc.pid)
+        main_at_signal = main_thread_waited(proc.pid)
         os.kill(proc.pid, signal.SIGTERM)
-        while proc.poll() is None and time.monotonic() - signalled < HANG_LIMIT:
+
+        def hung() -> bool:
+            spent = time.monotonic() - signalled
+            starved = main_thread_waited(proc.pid) - main_at_signal
+            return spent - starved >= HANG_LIMIT or spent >= HANG_CAP
+
+        while not exited(proc.pid) and not hung():
             time.sleep(0.005)
+        if exited(proc.pid):
+            stop.main_waited = max(0.0, main_thread_waited(proc.pid) - main_at_signal)
         if proc.poll() is None:
             # Where it hangs: every thread's stack, into its log (see the app's setup).
             os.kill(proc.pid, signal.SIGUSR1)
@@ -444,7 +483,7 @@ def stop_beats(
     else:
         store = request.getfixturevalue(STORE_FIXTURES[name])
     beats = max(1, min(BEATS, STOPS))
-    rounds = threading.Barrier(beats, timeout=READY_LIMIT + 2 * HANG_LIMIT + 10)
+    rounds = threading.Barrier(beats, timeout=READY_LIMIT + 2 * HANG_CAP + 10)
     lanes = [
         Lane(
             k,
@@ -471,7 +510,7 @@ def stop_beats(
     finally:
         rounds.abort()
         for thread in threads:
-            thread.join(HANG_LIMIT + 10)
+            thread.join(HANG_CAP + 10)
         for lane in lanes:
             lane.kill()
             drop_namespace(store, lane.namespace)
