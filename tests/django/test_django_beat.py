@@ -78,6 +78,9 @@ def sent_by_a_beat(fleet: DjangoFleet, starts: list[Line]) -> tuple[Line, str] |
     return None
 
 
+# Two minutes of real time at least (a crontab minute, kills and restarts), and each read
+# of the table a Django process of its own: more than the suite's 180 s on a loaded machine.
+@pytest.mark.timeout(420)
 def test_rows_are_sent_once_by_three_beats_through_edits_kills_and_restarts(
     fleet: Callable[..., DjangoFleet], project: tuple[Project, str], redis_url: str
 ) -> None:
