@@ -51,7 +51,9 @@ pytestmark = pytest.mark.background
 CHUNKS = [range(k, k + 4) for k in range(0, 40, 4)]
 
 
-@pytest.mark.timeout(600)  # four ten-minute seeds: about 30 s on an idle core
+# Four ten-minute seeds: about 30 s on an idle core; at a lower CPU priority under the full
+# suite on 2 cores, 376 s was seen (2026-12-07), hence the margin of a hang guard only.
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("seeds", CHUNKS, ids=lambda r: f"seeds{r.start}-{r.stop - 1}")
 def test_fixed_seeds_keep_every_invariant(seeds: range) -> None:
     steps = faults = 0
