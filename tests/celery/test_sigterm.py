@@ -99,19 +99,23 @@ def cpu_waited(pid: int | str = "self") -> float:
     machine busy with other tests, the time a beat's shutdown took beyond its
     own work and its waits on the store. 0.0 where the kernel does not say.
     """
-    total = 0
+    total = 0.0
     with contextlib.suppress(OSError):
         for task in Path(f"/proc/{pid}/task").iterdir():
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                total += int((task / "schedstat").read_text().split()[1])
-    return total / 1e9
+            total += _task_waited(task)
+    return total
 
 
 def main_thread_waited(pid: int) -> float:
     """Seconds the main thread of process ``pid`` waited for a CPU (its schedstat, which
     stays readable after the process exits, until it is reaped). 0.0 where not said."""
+    return _task_waited(Path(f"/proc/{pid}/task/{pid}"))
+
+
+def _task_waited(task: Path) -> float:
+    """The wait for a CPU in one thread's ``schedstat`` (its second field, ns), in seconds."""
     with contextlib.suppress(OSError, ValueError, IndexError):
-        return int(Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[1]) / 1e9
+        return int((task / "schedstat").read_text().split()[1]) / 1e9
     return 0.0
 
 

@@ -43,7 +43,6 @@ import subprocess
 import threading
 import time
 import uuid
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -284,25 +283,20 @@ def _figures(window: list[dict[str, Any]], killed_at: float, promoted_at: float)
         if not run.get("lost") and run.get("ended") is not None:
             completed[run["slot"]] = completed.get(run["slot"], 0) + 1
     started = {run["slot"] for run in window}
-    tokens = Counter((run["slot"].rpartition("@")[0], run["token"]) for run in window)
-    holders: dict[tuple[str, int], set[tuple[str, int]]] = {}
+    # The runs that carried each of a job's tokens, as (slot, attempt).
+    holders: dict[tuple[str, int], list[tuple[str, int]]] = {}
     for run in window:
         key = (run["slot"].rpartition("@")[0], run["token"])
-        holders.setdefault(key, set()).add((run["slot"], run["attempt"]))
+        holders.setdefault(key, []).append((run["slot"], run["attempt"]))
+    repeated = [runs for runs in holders.values() if len(runs) > 1]
     # A token repeated only by first claims of one slot: both won against one revision.
-    double_claims = [
-        key
-        for key, n in tokens.items()
-        if n > 1
-        and {a for _, a in holders[key]} == {1}
-        and len({slot for slot, _ in holders[key]}) == 1
-    ]
+    double_claims = [runs for runs in repeated if len(set(runs)) == 1 and runs[0][1] == 1]
     seconds = sorted({int(slot.rpartition("@")[2]) // 1000 for slot in started})
     grid = {f"job{k}@{s * 1000}" for k in range(JOBS) for s in range(seconds[1], seconds[-1])}
     return {
         "doubled": sum(1 for n in completed.values() if n > 1),
         "reclaimed": sum(1 for n in firsts.values() if n > 1),
-        "tokens_repeated": sum(1 for n in tokens.values() if n > 1),
+        "tokens_repeated": len(repeated),
         "tokens_repeated_by_a_double_claim": len(double_claims),
         "missed": len(grid - started),
         "promotion_s": round(promoted_at - killed_at, 2),

@@ -15,6 +15,7 @@ from psycopg import sql
 
 from anarchon_core import Claim, ClaimStatus, RunState, StoreUnavailable, open_store
 from anarchon_core.errors import ConfigurationError
+from anarchon_core.store import OnceEntry
 from anarchon_core.stores.postgres import PostgresStore, table_prefix
 from tests import servers
 from tests.stores import racer
@@ -197,8 +198,6 @@ def test_a_bulk_add_of_one_offs_is_not_cut_by_one_call_s_deadline(make: Make, ur
     """A call is cut past twice the store's timeout (a round trip lost past the kernel);
     adding 150,000 one-offs takes 150 statements, which together take longer than
     that on any machine, and each is a call of its own: all are added."""
-    from anarchon_core.store import OnceEntry
-
     sep = "&" if "?" in url else "?"
     store = make(at=f"{url}{sep}timeout=0.5")
     entries = [OnceEntry(1_800_000_000_000 + i * 1000, f"job-{i % 7}") for i in range(150_000)]
