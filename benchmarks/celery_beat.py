@@ -53,11 +53,15 @@ and lasts ``--seconds``. Measured per case:
   once; beat and redbeat, two sends of one entry less than half an interval
   apart (one due time sent twice).
 - **missed**: due times in the window, at least one interval before its end,
-  for which no message had been published when the beats were stopped (so a
-  send more than an interval late counts as missed). anarchon: every slot of
-  the grid after the window's start; beat and redbeat: the due time that
-  follows each entry's last send (an entry never sent misses every due time
-  of the window).
+  for which no message had been published when the beats were stopped.
+  anarchon: every slot of the grid after the window's start, and the beats
+  run on past the window until each was sent or reported missed (at most
+  :data:`benchmarks.missed.DRAIN_TIMEOUT`; a beat held up past the next slot
+  skips the one it waited for and reports it, see :mod:`benchmarks.missed`),
+  the column saying how many were reported; beat and redbeat, stopped at the
+  end of the window (so a send more than an interval late counts as
+  missed): the due time that follows each entry's last send (an entry never
+  sent misses every due time of the window).
 - **Redis commands per slot**: the server's ``total_commands_processed`` over
   the window, minus the benchmark's own commands (its BRPOP, RPOP and INFO),
   divided by the messages published in the window: claims, lock renewals,
@@ -106,6 +110,7 @@ from typing import Any
 import redis
 
 from anarchon_core.jobs import DEFAULT_JITTER
+from benchmarks import missed
 from benchmarks.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -173,6 +178,8 @@ class Sends:
     spread: float
     #: The mean time between two sends of one entry.
     period: float
+    #: Of the slots missed, those the beats reported missed (anarchon's only).
+    reported: int = 0
 
 
 @dataclass
@@ -202,12 +209,14 @@ class Result:
             return str(round(late[min(len(late) - 1, int(len(late) * p))] * 1000))
 
         cpu = f"{sum(self.cpu) / len(self.cpu):.1%} / {max(self.cpu):.1%}" if self.cpu else "-"
+        missed_cell = str(self.sends.missed)
+        missed_cell += f" ({self.sends.reported} reported)" if self.sends.reported else ""
         return (
             f"| {self.case.label} | {self.case.beats} | {self.entries} | {self.every:g} s |"
             f" {self.published} | {ms(0.5)} / {ms(0.99)} / {ms(1.0)} |"
             f" {round(self.sends.spread * 1000)} | {self.sends.period:.2f} |"
             f" {self.sends.duplicated} |"
-            f" {self.sends.missed} | {self.commands_per_slot:.2f} | {cpu} | {self.rss_mb:.0f} |"
+            f" {missed_cell} | {self.commands_per_slot:.2f} | {cpu} | {self.rss_mb:.0f} |"
         )
 
 
@@ -422,6 +431,8 @@ class CaseRun:
     with_worker: bool = False
     #: The worker's lines, read before the case's directory goes.
     ran: list[str] = field(default_factory=list)
+    #: The slots the beats' logs report missed, read before the case's directory goes.
+    told: set[missed.Slot] = field(default_factory=set)
     begun: Window | None = None
     ended: Window | None = None
     rss_mb: float = 0.0
@@ -516,11 +527,30 @@ class CaseRun:
         self.rss_mb = max(peak_rss_mb(p.pid) for p in self.beats)
         self.ended = self.read()
 
+    def unaccounted(self) -> int:
+        """anarchon's slots due in the window neither sent yet nor reported missed
+        (0 for the other schedulers, or before the window has ended)."""
+        if self.case.scheduler != "anarchon" or self.begun is None or self.ended is None:
+            return 0
+        if self.consumer is not None:
+            found = [json.loads(raw) for raw in list(self.consumer.raw)]
+        else:
+            found = missed.records(self.record)
+        ran = {
+            (m["headers"][ENTRY], missed.slot_of(str(m["headers"]["anarchon"]["slot_id"]))[1])
+            for m in found
+        }
+        due = anarchon_due(self.entries, self.every, self.begun.at, self.ended.at)
+        return missed.unaccounted(due, ran, missed.from_logs(self.tmp.glob("beat-*.log")))
+
     def stop(self) -> None:
         if self.stopped:
             return
         self.stopped = True
         try:
+            # anarchon's last slots due, sent late on a loaded machine (or reported missed).
+            missed.drain(self.unaccounted)
+            self.told = missed.from_logs(self.tmp.glob("beat-*.log"))
             stop_groups(self.beats)
             if self.worker is not None:
                 time.sleep(0.5)  # what the beats sent last is run
@@ -553,8 +583,10 @@ class CaseRun:
         inside = [h for sent in messages.values() for stamp, h in sent if start <= stamp <= end]
         published = len(inside)
         tracked = sum(1 for headers in inside if (headers.get("anarchon") or {}).get("tracked"))
-        analyse = anarchon_slots if self.case.scheduler == "anarchon" else interval_sends
-        sends = analyse(messages, self.entries, self.every, start, end)
+        if self.case.scheduler == "anarchon":
+            sends = anarchon_slots(messages, self.entries, self.every, start, end, self.told)
+        else:
+            sends = interval_sends(messages, self.entries, self.every, start, end)
         commands, by_command = command_counts(self.begun, self.ended)
         wall = max(1e-9, end - start)
         cpu = [(b - a) / wall for a, b in zip(self.begun.cpu, self.ended.cpu, strict=True)]
@@ -616,9 +648,16 @@ def mean_period(stamps: list[list[float]], every: float, start: float, end: floa
 
 
 def anarchon_slots(
-    messages: Messages, entries: int, every: float, start: float, end: float
+    messages: Messages,
+    entries: int,
+    every: float,
+    start: float,
+    end: float,
+    told: set[missed.Slot] | None = None,
 ) -> Sends:
-    """Lateness against the slot's time; duplicated and missed slots of the epoch grid."""
+    """Lateness against the slot's time; duplicated and missed slots of the epoch grid,
+    and of the missed those reported (``told``: the slots the beats reported missed)."""
+    told = told or set()
     lateness: list[float] = []
     sent: Counter[tuple[str, int]] = Counter()
     rounds: dict[int, list[float]] = defaultdict(list)
@@ -629,19 +668,29 @@ def anarchon_slots(
             rounds[slot_ms].append(stamp)
             if start <= stamp <= end:
                 lateness.append(stamp - slot_ms / 1000)
-    first = math.floor(start / every) + 1
-    last = math.floor((end - every) / every)
-    due = [round(k * every * 1000) for k in range(first, last + 1)]
-    missed = sum(1 for name in entry_names(entries) for ms in due if (name, ms) not in sent)
+    missing = [slot for slot in anarchon_due(entries, every, start, end) if slot not in sent]
     duplicated = sum(1 for n in sent.values() if n > 1)
     by_entry = [sorted(stamp for stamp, _ in sent_) for sent_ in messages.values()]
     return Sends(
         lateness,
         duplicated,
-        missed,
+        len(missing),
         longest_round(list(rounds.values()), start, end),
         mean_period(by_entry, every, start, end),
+        missed.reported(missing, sent, told),
     )
+
+
+def anarchon_due(entries: int, every: float, start: float, end: float) -> list[missed.Slot]:
+    """The slots of the epoch grid due in the window: after its start, at least one
+    interval before its end."""
+    first = math.floor(start / every) + 1
+    last = math.floor((end - every) / every)
+    return [
+        (name, round(k * every * 1000))
+        for name in entry_names(entries)
+        for k in range(first, last + 1)
+    ]
 
 
 def interval_sends(
