@@ -2,7 +2,9 @@
 
 Run by benchmarks.run in a process of its own; stops on SIGTERM and writes its
 figures (store calls by method, CPU time, peak RSS) as the last line of its
-output file.
+output file. While it runs, it appends the slots it ran and those it reported
+missed to ``<output file>.live`` every quarter of a second: the runner stops
+the instances once every slot due in its window is one or the other.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from anarchon_core import Run, Scheduler, open_store
+from anarchon_core import Event, EventKind, Run, Scheduler, open_store
 
 #: The store methods counted as round trips (each is one call to the server).
 CALLS = (
@@ -83,7 +85,15 @@ def main() -> None:
         with lock:
             runs.append((run.slot_id, run.slot.timestamp(), started))
 
+    told: list[str] = []
+
+    def on_event(event: Event) -> None:
+        if event.kind is EventKind.MISSED and event.slot_id is not None:
+            with lock:
+                told.append(event.slot_id)
+
     cron = Scheduler(store, instance=args.name, jitter=args.jitter, lookahead=args.lookahead)
+    cron.add_listener(on_event)
     for n in range(args.jobs):
         if args.cron:
             cron.add_job(handler, name=f"job{n:05d}", cron=args.cron)
@@ -114,15 +124,37 @@ def main() -> None:
         ready["at"] = time.time()
 
     threading.Thread(target=await_ready, daemon=True).start()
+
+    def write_live() -> None:
+        """The slots run and reported missed since the last write, to ``<out>.live``."""
+        ran = reported = 0
+        with open(args.out + ".live", "a") as live:
+            while True:
+                stopped = stop.wait(0.25)
+                with lock:
+                    new_runs, new_told = runs[ran:], told[reported:]
+                ran, reported = ran + len(new_runs), reported + len(new_told)
+                lines = [json.dumps({"slot": slot_id}) for slot_id, _, _ in new_runs]
+                lines += [json.dumps({"missed": slot_id}) for slot_id in new_told]
+                live.write("".join(line + "\n" for line in lines))
+                live.flush()
+                if stopped:
+                    return
+
+    writer = threading.Thread(target=write_live, daemon=True)
+    writer.start()
     with open(args.out + ".ready", "w"):
         pass  # the runner starts counting slots once every instance runs
     stop.wait()
     cron.stop()
+    writer.join()
     cpu, wall = time.process_time() - mark["cpu"], time.monotonic() - mark["wall"]
     store.close()
     with open(args.out, "w") as out:
         for slot_id, slot, started in runs:
             out.write(json.dumps({"slot": slot_id, "at": slot, "started": started}) + "\n")
+        for slot_id in told:
+            out.write(json.dumps({"missed": slot_id}) + "\n")
         rss = peak_rss_mb()
         calls = dict(counts - mark["counts"])
         events = dict(Counter(cron.stats) - mark.get("events", Counter()))

@@ -6,7 +6,10 @@ jobs every ``--every`` seconds (or on ``--cron``) on one store, for
 from what every instance recorded:
 
 - lateness: when a slot's handler started, minus the slot's time (p50, p99, max);
-- slots doubled (run more than once) and missed (due in the window, never run);
+- slots doubled (run more than once) and missed (due in the window, never run;
+  the instances run on past the window until each slot due ran or was
+  reported missed, at most a minute, and the figure says how many of the
+  missed were reported: see benchmarks/missed.py);
 - the shares of wins of the busiest and the least busy instance;
 - store calls per instance per tick (each is one round trip);
 - CPU per instance (share of one core) and its peak RSS.
@@ -55,7 +58,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from benchmarks import plots
+from benchmarks import missed, plots
 
 REDIS = "redis://127.0.0.1:6379/0"
 POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
@@ -128,6 +131,8 @@ class Result:
     events: Counter[str] = field(default_factory=Counter)
     #: Each instance's start-up: from its launch to its first step done (seconds).
     startup: list[float] = field(default_factory=list)
+    #: Of the slots missed, those the instances reported missed.
+    reported: int = 0
 
     def row(self, peer: bool = False) -> str:
         """The table's row; ``peer``: with the SQL server's transactions per slot last."""
@@ -143,10 +148,11 @@ class Result:
 
         scheme = self.store.split(":", 1)[0]
         every = f"`{self.cron}`" if self.cron else f"{self.every:g} s"
+        missed_cell = str(self.missed) + (f" ({self.reported} reported)" if self.reported else "")
         return (
             f"| {scheme} | {self.jobs} | {self.instances} | {every} | {self.seconds:g} s |"
             f" {q(0.5)} / {q(0.99)} / {late[-1] * 1000 if late else 0:.0f} |"
-            f" {self.doubled} | {self.missed} |"
+            f" {self.doubled} | {missed_cell} |"
             f" {self.busiest_share:.0%} / {self.least_share:.0%} |"
             f" {self.calls_per_tick:.1f} | {self.cpu_share:.2%} | {self.rss_mb:.0f} |"
         )
@@ -234,6 +240,14 @@ def _measure(
         _stop_profiler(spy)
     ended = time.time()
     commits = _xact_commit(store) - commits
+    # The slots measured: due while every instance ran (after the window's start
+    # and one interval, before its last second).
+    first = math.ceil((began + every) / every) * every
+    due = [first + n * every for n in range(int((ended - 1 - first) // every) + 1)]
+    due_slots = [(f"job{n:05d}", round(t * 1000)) for n in range(jobs) for t in due]
+    # Their last runs (or missed reports), late on a loaded machine, before the stop.
+    live = [_Live(Path(f"{out}.live")) for _, out in procs]
+    missed.drain(lambda: _unaccounted(due_slots, live))
     for proc, _ in procs:
         proc.send_signal(signal.SIGTERM)
     for proc, _ in procs:
@@ -243,11 +257,8 @@ def _measure(
             proc.send_signal(signal.SIGUSR2)  # its threads' stacks, to its standard error
             time.sleep(1)
             raise
-    # The slots measured: due while every instance ran (after the window's start
-    # and one interval, before its last second).
-    first = math.ceil((began + every) / every) * every
-    due = [first + n * every for n in range(int((ended - 1 - first) // every) + 1)]
     runs: Counter[str] = Counter()
+    told: set[missed.Slot] = set()
     wins: Counter[int] = Counter()
     events: Counter[str] = Counter()
     lateness: list[float] = []
@@ -267,11 +278,16 @@ def _measure(
                 if stats.get("startup") is not None:
                     startup.append(stats["startup"])
                 continue
+            if "missed" in record:
+                told.add(missed.slot_of(record["missed"]))
+                continue
             if due and first <= record["at"] <= due[-1]:
                 runs[record["slot"]] += 1
                 wins[k] += 1
                 lateness.append(record["started"] - record["at"])
     expected = {f"job{n:05d}@{round(t * 1000)}" for n in range(jobs) for t in due}
+    missing = [missed.slot_of(slot_id) for slot_id in expected - set(runs)]
+    ran = {missed.slot_of(slot_id) for slot_id in runs}
     ticks = max(1.0, wall / every) * instances
     _drop(store, namespace)
     total = max(1, sum(wins.values()))
@@ -293,7 +309,45 @@ def _measure(
         commits / total if store.startswith(("postgres", "mysql")) else None,
         events,
         sorted(startup),
+        missed.reported(missing, ran, told),
     )
+
+
+class _Live:
+    """What one instance has written to its ``.live`` file so far: the slots it ran and
+    those it reported missed (read on from where the last read ended)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.ran: set[missed.Slot] = set()
+        self.told: set[missed.Slot] = set()
+
+    def read(self) -> None:
+        if not self.path.exists():
+            return
+        with open(self.path, "rb") as live:
+            live.seek(self.offset)
+            data = live.read()
+        whole = data[: data.rfind(b"\n") + 1]  # a line still being written waits
+        self.offset += len(whole)
+        for line in whole.splitlines():
+            record = json.loads(line)
+            if "slot" in record:
+                self.ran.add(missed.slot_of(record["slot"]))
+            else:
+                self.told.add(missed.slot_of(record["missed"]))
+
+
+def _unaccounted(due: list[missed.Slot], live: list[_Live]) -> int:
+    """The slots ``due`` that no instance has run or reported missed so far."""
+    ran: set[missed.Slot] = set()
+    told: set[missed.Slot] = set()
+    for instance in live:
+        instance.read()
+        ran |= instance.ran
+        told |= instance.told
+    return missed.unaccounted(due, ran, told)
 
 
 def _stop_profiler(spy: subprocess.Popen[bytes]) -> None:

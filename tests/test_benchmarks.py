@@ -1,4 +1,8 @@
-"""A seconds-long smoke of the benchmark suite (docs/benchmarks.md): it runs, and counts."""
+"""A seconds-long smoke of the benchmark suite (docs/benchmarks.md): it runs, and counts.
+
+No slot runs twice, and none is missed that the instances did not report missed (an
+instance held up past the next slot by a loaded machine skips the one it waited for and
+says so: benchmarks/missed.py)."""
 
 from __future__ import annotations
 
@@ -32,7 +36,7 @@ def test_a_short_benchmark_case_runs_every_slot_once(tmp_path: Path) -> None:
     result = run_case(f"sqlite:///{tmp_path}/bench.db", 20, 2, 1.0, 4.0, 0.0)
     assert result.lateness, "no slot ran"
     assert result.doubled == 0
-    assert result.missed == 0
+    assert result.missed == result.reported
     assert result.calls_per_tick > 0
     assert 0 < result.cpu_share < 1 and result.rss_mb > 0
     assert result.row().count("|") == HEADER.splitlines()[0].count("|")
@@ -41,7 +45,7 @@ def test_a_short_benchmark_case_runs_every_slot_once(tmp_path: Path) -> None:
 def test_a_short_mysql_case_counts_the_servers_transactions_per_slot(mysql_url: str) -> None:
     """The SQL part's row: the engine's figures and MariaDB's commits per slot run."""
     result = run_case(mysql_url, 20, 2, 1.0, 4.0, 0.0)
-    assert result.lateness and result.doubled == 0 and result.missed == 0
+    assert result.lateness and result.doubled == 0 and result.missed == result.reported
     # Each slot's claim and end are transactions of their own: at least one per slot.
     assert result.pg_per_slot is not None and result.pg_per_slot >= 1
     row = result.row(peer=True)
@@ -152,7 +156,7 @@ def test_a_short_lookahead_case_runs_behind_a_relay_that_adds_a_round_trip(
         assert (_time.perf_counter() - began) / 5 >= 0.02  # the relay adds its round trip
         client.close()
         result = run_case(redis_url, 20, 2, 1.0, 4.0, 0.0, lookahead=0.5, via=via)
-    assert result.lateness and result.doubled == 0 and result.missed == 0
+    assert result.lateness and result.doubled == 0 and result.missed == result.reported
     assert min(result.lateness) >= 0, "a handler started before its slot's time"
     assert "lookahead" in run.PARTS and len(run.LOOKAHEAD) == 8
 
@@ -165,7 +169,7 @@ def test_a_short_case_on_a_redis_cluster_the_scale_part_starts(tmp_path: Path) -
     with redis_cluster() as url:
         assert url.startswith("redis+cluster://") and url.count(",") == 2
         result = run_case(url, 20, 2, 1.0, 4.0, 0.0)
-    assert result.lateness and result.doubled == 0 and result.missed == 0
+    assert result.lateness and result.doubled == 0 and result.missed == result.reported
     assert len(result.startup) == 2 and all(0 < s < 30 for s in result.startup)
     assert result.row().startswith("| redis+cluster | 20 | 2 |")
 

@@ -110,3 +110,21 @@ def test_a_slot_missed_after_a_sent_one_is_a_silent_miss(run: CaseRun) -> None:
     assert run.unaccounted(raw) == 1
     (run.tmp / "beat-0.log").write_text("anarchon: missed r00001@998000 attempt - on i (skipped)\n")
     assert run.unaccounted(raw) == 1, "r00001 ran at 1000 since the slot told missed"
+
+
+def test_the_engine_runner_reads_each_instance_s_live_file_on_from_its_last_read(
+    tmp_path: Path,
+) -> None:
+    from benchmarks.run import _Live, _unaccounted
+
+    path = tmp_path / "i0.jsonl.live"
+    live = _Live(path)
+    due = [("job00000", 1000), ("job00000", 2000), ("job00001", 1000), ("job00001", 2000)]
+    assert _unaccounted(due, [live]) == 4, "no file yet: nothing ran"
+    path.write_text('{"slot": "job00000@1000"}\n{"slot": "job00001@1000"}\n{"slo')
+    assert _unaccounted(due, [live]) == 2, "a line still being written is not read"
+    with open(path, "a") as more:
+        more.write('t": "job00000@2000"}\n{"missed": "job00001@2000"}\n')
+    assert _unaccounted(due, [live]) == 0
+    assert live.ran == {("job00000", 1000), ("job00001", 1000), ("job00000", 2000)}
+    assert live.told == {("job00001", 2000)}
