@@ -51,12 +51,12 @@ the minute crontab; 30 slots of a 2 s interval in 60 s). Per case:
   do not send (a ``missed`` line in their log: beats held up past the next
   slot skip the one they waited for, as documented; see
   :mod:`benchmarks.missed`); the missed column says how many of its missed
-  slots were so reported. The
-  beats of a group run on past the end of the window until every slot due
-  in anarchon's cases was sent or reported missed, at most
-  :data:`benchmarks.missed.DRAIN_TIMEOUT` (no wait when all were sent by the end), then are
-  stopped together; a slot due in the window counts as sent whenever it was
-  sent before they stopped, in every case alike;
+  slots were so reported. The beats of a group run on past the end of the
+  window until every slot due in anarchon's cases was sent or reported
+  missed, at most :data:`benchmarks.missed.DRAIN_TIMEOUT` (no wait when all
+  were sent by the end), then are stopped together; a slot due in the
+  window counts as sent whenever it was sent before they stopped, in every
+  case alike;
 - **lateness**: the publish stamp minus the slot's time (anarchon) or the due
   time the send aimed at (django-celery-beat), p50 / p99 / max in ms;
 - **CPU per beat**: user + system time of each beat over the window
