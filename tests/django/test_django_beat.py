@@ -172,10 +172,13 @@ def _scenario(pods: DjangoFleet, rows: Project, store: str) -> None:
         wait("every2 sent again", lambda: starts("every2")[-1]["slot_id"] != last["slot_id"], 15)
 
     # The rows with times of their own come, and a crontab minute passes.
-    wait(
-        "the clocked row, the start of 'later', a crontab minute",
-        lambda: starts("clocked") and starts("later") and starts("minute"),
+    timed = ("clocked", "later", "minute")
+    wait_until(
+        lambda: all(starts(job) for job in timed),
         70,
+        "the clocked row, the start of 'later', a crontab minute",
+        # The end shows (a long one is cut from the front): which of them never came.
+        seen=lambda: f"{pods.tail()}\nnot started: {[j for j in timed if not starts(j)]}",
     )
     wait("every2 after 'expiring' expired", lambda: time.time() > t0 + EXPIRING + 2, 20)
 
@@ -207,7 +210,14 @@ def _scenario(pods: DjangoFleet, rows: Project, store: str) -> None:
     every2 = seconds_of(starts("every2"))
     first = every2[0]
     before = [s for s in every2 if s < editing]
-    assert before == on_grid(2, first, editing - 0.001), "a 2-second slot missed"
+    two = on_grid(2, first, editing - 0.001)
+    assert [s for s in before if s in two] == two, "a 2-second slot missed"
+    # Placed on its new grid, the row catches up that grid's most recent slot when it
+    # came after the last slot sent, within its catch-up window (docs/celery.md): one
+    # 3-second slot a little before the edit was saved may come, after the 2-second ones.
+    on_new_grid = [s for s in before if s not in two]
+    assert len(on_new_grid) <= 1, before
+    assert all(s % 3 == 0 and s > two[-1] for s in on_new_grid), before
     after = [s for s in every2 if edited + FOLLOWED < s <= checked_until - 1]
     assert after == on_grid(3, edited + FOLLOWED, checked_until - 1), (
         f"a 3-second slot missed or a 2-second one sent after the edit: {after}"
