@@ -36,6 +36,21 @@ BIN = Path(sys.executable).parent
 T = TypeVar("T")
 
 
+def report_lines(path: Path) -> list[Line]:
+    """The records of a JSON-lines report that processes append to as they run.
+
+    Only whole lines count: a reader can see a line another process is still writing
+    (a write to a file is not atomic for a concurrent read), and a process killed in the
+    middle of one leaves it cut; such a last line, without its newline, is left out.
+    """
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    whole = data[: data.rfind(b"\n") + 1].decode("utf-8")
+    return [json.loads(line) for line in whole.splitlines() if line.strip()]
+
+
 class Fleet:
     """The processes of one test, sharing one store (``store``) and one report.
 
@@ -166,8 +181,7 @@ class Fleet:
     # -- reading what they did ----------------------------------------------------
 
     def lines(self) -> list[Line]:
-        with open(self.report, encoding="utf-8") as handle:
-            return [json.loads(line) for line in handle if line.strip()]
+        return report_lines(self.report)
 
     def watch(self, predicate: Callable[[list[Line]], T]) -> Callable[[], T]:
         """A condition for ``wait_until``: ``predicate`` of the report so far.

@@ -124,3 +124,32 @@ def test_no_test_counts_the_threads_of_the_whole_process() -> None:
         if "active_count(" in line
     ]
     assert found == []
+
+
+def test_reports_that_processes_append_to_are_read_by_whole_lines_only() -> None:
+    """A report read while a process writes to it can end in half a line (a write is not
+    atomic for a concurrent read); json.loads of each line of it fails now and then.
+    Reports are read with tests/fleet.py's ``report_lines``, which leaves such a line out."""
+    # report_lines itself, and a reader that keeps its offset and whole lines.
+    whole_lines = {"fleet.py", "scenarios/test_overload.py", Path(__file__).name}
+    found = [
+        f"{path.relative_to(TESTS)}:{number}"
+        for path in sorted(TESTS.rglob("*.py"))
+        if str(path.relative_to(TESTS)) not in whole_lines
+        and path.parent.name not in ("unit", "docs")
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if "json.loads(" in line and ("splitlines()" in line or "in handle" in line)
+    ]
+    assert found == []
+
+
+def test_a_half_written_last_line_of_a_report_is_left_for_the_next_read(tmp_path: Path) -> None:
+    from tests.fleet import report_lines
+
+    report = tmp_path / "report.jsonl"
+    assert report_lines(report) == []
+    report.write_text('{"kind": "start", "slot": "a@1"}\n{"kind": "st')
+    assert report_lines(report) == [{"kind": "start", "slot": "a@1"}]
+    with open(report, "a") as more:
+        more.write('art", "slot": "a@2"}\n')
+    assert [x["slot"] for x in report_lines(report)] == ["a@1", "a@2"]

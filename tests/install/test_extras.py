@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import re
 import shutil
@@ -31,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from tests.cleanup import drop_namespace
-from tests.fleet import per_slot, slot_seconds
+from tests.fleet import per_slot, report_lines, slot_seconds
 from tests.processes import OWN_GROUP
 from tests.waiting import wait_until
 
@@ -155,7 +154,7 @@ class Pod:
     def lines(self) -> list[dict[str, object]]:
         if not self.report.exists():
             return []
-        return [json.loads(x) for x in self.report.read_text().splitlines() if x.strip()]
+        return report_lines(self.report)
 
     def ran(self, count: int) -> bool:
         """Whether ``count`` slots ran; a worker that exited first fails the wait at once."""

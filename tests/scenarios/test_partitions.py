@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 
 from tests import servers
+from tests.fleet import report_lines
 from tests.netns import Host, Link, Network, network
 from tests.waiting import wait_until
 
@@ -162,9 +163,7 @@ class Fleet:
         )
 
     def lines(self) -> list[Line]:
-        if not self.report.exists():
-            return []
-        return [json.loads(line) for line in self.report.read_text().splitlines() if line]
+        return report_lines(self.report)
 
     def watch(self, predicate: Callable[[list[Line]], list[Line]]) -> Callable[[], list[Line]]:
         return lambda: predicate(self.lines())
