@@ -111,6 +111,7 @@ import redis
 
 from anarchon_core.jobs import DEFAULT_JITTER
 from benchmarks import missed
+from benchmarks.appended import Appended
 from benchmarks.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -527,20 +528,23 @@ class CaseRun:
         self.rss_mb = max(peak_rss_mb(p.pid) for p in self.beats)
         self.ended = self.read()
 
-    def unaccounted(self) -> int:
+    def unaccounted(self, ran_by_worker: Appended) -> int:
         """anarchon's slots due in the window neither sent yet nor reported missed
-        (0 for the other schedulers, or before the window has ended)."""
+        (0 for the other schedulers, or before the window has ended); with a worker,
+        ``ran_by_worker`` reads its record."""
         if self.case.scheduler != "anarchon" or self.begun is None or self.ended is None:
             return 0
         if self.consumer is not None:
             found = [json.loads(raw) for raw in list(self.consumer.raw)]
         else:
-            found = missed.records(self.record)
+            found = ran_by_worker.poll()
         ran = {
             (m["headers"][ENTRY], missed.slot_of(str(m["headers"]["anarchon"]["slot_id"]))[1])
             for m in found
         }
-        due = anarchon_due(self.entries, self.every, self.begun.at, self.ended.at)
+        due = missed.due_on_grid(
+            entry_names(self.entries), self.every, self.begun.at, self.ended.at
+        )
         return missed.unaccounted(due, ran, missed.from_logs(self.tmp.glob("beat-*.log")))
 
     def stop(self) -> None:
@@ -549,7 +553,8 @@ class CaseRun:
         self.stopped = True
         try:
             # anarchon's last slots due, sent late on a loaded machine (or reported missed).
-            missed.drain(self.unaccounted)
+            ran_by_worker = Appended([self.record])
+            missed.drain(lambda: self.unaccounted(ran_by_worker))
             self.told = missed.from_logs(self.tmp.glob("beat-*.log"))
             stop_groups(self.beats)
             if self.worker is not None:
@@ -668,7 +673,11 @@ def anarchon_slots(
             rounds[slot_ms].append(stamp)
             if start <= stamp <= end:
                 lateness.append(stamp - slot_ms / 1000)
-    missing = [slot for slot in anarchon_due(entries, every, start, end) if slot not in sent]
+    missing = [
+        slot
+        for slot in missed.due_on_grid(entry_names(entries), every, start, end)
+        if slot not in sent
+    ]
     duplicated = sum(1 for n in sent.values() if n > 1)
     by_entry = [sorted(stamp for stamp, _ in sent_) for sent_ in messages.values()]
     return Sends(
@@ -679,18 +688,6 @@ def anarchon_slots(
         mean_period(by_entry, every, start, end),
         missed.reported(missing, sent, told),
     )
-
-
-def anarchon_due(entries: int, every: float, start: float, end: float) -> list[missed.Slot]:
-    """The slots of the epoch grid due in the window: after its start, at least one
-    interval before its end."""
-    first = math.floor(start / every) + 1
-    last = math.floor((end - every) / every)
-    return [
-        (name, round(k * every * 1000))
-        for name in entry_names(entries)
-        for k in range(first, last + 1)
-    ]
 
 
 def interval_sends(

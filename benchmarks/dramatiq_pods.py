@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shutil
 import subprocess
@@ -52,6 +51,7 @@ from typing import Any
 import redis
 
 from benchmarks import missed
+from benchmarks.appended import Appended
 from benchmarks.celery_beat import (
     START_TIMEOUT,
     Window,
@@ -156,10 +156,7 @@ class Result:
 
 def due_slots(actors: int, every: float, start: float, end: float) -> list[missed.Slot]:
     """The slots of the window: after its start, at least one interval before its end."""
-    first = math.floor(start / every) + 1
-    last = math.floor((end - every) / every)
-    names = [f"a{n:05d}" for n in range(actors)]
-    return [(name, round(k * every * 1000)) for name in names for k in range(first, last + 1)]
+    return missed.due_on_grid([f"a{n:05d}" for n in range(actors)], every, start, end)
 
 
 def measure(actors: int, seconds: float, every: float = 10.0, pods: int = 3) -> Result:
@@ -208,12 +205,11 @@ def measure(actors: int, seconds: float, every: float = 10.0, pods: int = 3) -> 
             time.time(), [_group_cpu(p.pid) for p in procs], probe.info("all"), Counter()
         )
 
+        started = Appended([record])
+
         def unaccounted() -> int:
             """The window's slots neither started yet nor reported missed."""
-            ran = {
-                (run["actor"], missed.slot_of(str(run["slot_id"]))[1])
-                for run in missed.records(record)
-            }
+            ran = {(run["actor"], missed.slot_of(str(run["slot_id"]))[1]) for run in started.poll()}
             due = due_slots(actors, every, begun.at, ended.at)
             return missed.unaccounted(due, ran, missed.from_logs(tmp.glob("pod-*.log")))
 

@@ -62,10 +62,11 @@ import time
 import uuid
 from collections.abc import Callable, Container
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
+from benchmarks.appended import Appended
 from benchmarks.ports import free_port
 
 log = logging.getLogger("benchmarks.failover")
@@ -281,26 +282,8 @@ def serve(argv: list[str] | None = None) -> None:
 SERVE = "import sys; from benchmarks.failover import serve; serve(sys.argv[1:])"
 
 
-@dataclass
-class _Starts:
+class _Starts(Appended):
     """The handler starts the instances recorded, read from their output files as they grow."""
-
-    files: list[Path] = field(default_factory=list)
-    seen: list[dict[str, Any]] = field(default_factory=list)
-    _read: dict[Path, int] = field(default_factory=dict)
-
-    def poll(self) -> list[dict[str, Any]]:
-        for path in self.files:
-            try:
-                with path.open() as f:
-                    f.seek(self._read.get(path, 0))
-                    chunk = f.read()
-            except FileNotFoundError:
-                continue
-            complete = chunk[: chunk.rfind("\n") + 1]  # a line still being written waits
-            self._read[path] = self._read.get(path, 0) + len(complete)
-            self.seen += [json.loads(line) for line in complete.splitlines() if line]
-        return self.seen
 
     def new_slot(self, since: float, measured: set[str]) -> dict[str, Any] | None:
         """The first attempt 1 started at ``since`` or later, of a slot not ``measured``."""

@@ -17,13 +17,12 @@ Each slot is ``(job, unix ms)``, as in a slot id ``<job>@<unix ms>``.
 from __future__ import annotations
 
 import bisect
-import json
+import math
 import re
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
 
 #: An instance's ``missed`` report in its log (anarchon's WARNING line).
 LOG_LINE = re.compile(r"anarchon: missed (?P<job>\S+)@(?P<ms>\d+) attempt")
@@ -37,18 +36,12 @@ def slot_of(slot_id: str) -> Slot:
     return job, int(ms)
 
 
-def records(path: Path) -> list[dict[str, Any]]:
-    """The JSON lines a process appends to ``path`` as it runs, a line still being
-    written left out."""
-    if not path.exists():
-        return []
-    found = []
-    for line in path.read_text().splitlines():
-        try:
-            found.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return found
+def due_on_grid(jobs: Iterable[str], every: float, start: float, end: float) -> list[Slot]:
+    """The slots of the epoch-anchored ``every``-second grid due in a window: after its
+    ``start``, at least one interval before its ``end``; for each of ``jobs``."""
+    first = math.floor(start / every) + 1
+    last = math.floor((end - every) / every)
+    return [(job, round(k * every * 1000)) for job in jobs for k in range(first, last + 1)]
 
 
 def from_logs(paths: Iterable[Path]) -> set[Slot]:

@@ -59,6 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import missed, plots
+from benchmarks.appended import Appended
 
 REDIS = "redis://127.0.0.1:6379/0"
 POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
@@ -246,8 +247,8 @@ def _measure(
     due = [first + n * every for n in range(int((ended - 1 - first) // every) + 1)]
     due_slots = [(f"job{n:05d}", round(t * 1000)) for n in range(jobs) for t in due]
     # Their last runs (or missed reports), late on a loaded machine, before the stop.
-    live = [_Live(Path(f"{out}.live")) for _, out in procs]
-    missed.drain(lambda: _unaccounted(due_slots, live))
+    live = Appended([Path(f"{out}.live") for _, out in procs])
+    missed.drain(lambda: _unaccounted(due_slots, live.poll()))
     for proc, _ in procs:
         proc.send_signal(signal.SIGTERM)
     for proc, _ in procs:
@@ -285,9 +286,8 @@ def _measure(
                 runs[record["slot"]] += 1
                 wins[k] += 1
                 lateness.append(record["started"] - record["at"])
-    expected = {f"job{n:05d}@{round(t * 1000)}" for n in range(jobs) for t in due}
-    missing = [missed.slot_of(slot_id) for slot_id in expected - set(runs)]
     ran = {missed.slot_of(slot_id) for slot_id in runs}
+    missing = [slot for slot in due_slots if slot not in ran]
     ticks = max(1.0, wall / every) * instances
     _drop(store, namespace)
     total = max(1, sum(wins.values()))
@@ -299,7 +299,7 @@ def _measure(
         seconds,
         lateness,
         sum(1 for n in runs.values() if n > 1),
-        len(expected - set(runs)),
+        len(missing),
         max(wins.values(), default=0) / total,
         calls / ticks,
         cpu / max(wall, 1e-9) / instances,
@@ -313,40 +313,11 @@ def _measure(
     )
 
 
-class _Live:
-    """What one instance has written to its ``.live`` file so far: the slots it ran and
-    those it reported missed (read on from where the last read ended)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.offset = 0
-        self.ran: set[missed.Slot] = set()
-        self.told: set[missed.Slot] = set()
-
-    def read(self) -> None:
-        if not self.path.exists():
-            return
-        with open(self.path, "rb") as live:
-            live.seek(self.offset)
-            data = live.read()
-        whole = data[: data.rfind(b"\n") + 1]  # a line still being written waits
-        self.offset += len(whole)
-        for line in whole.splitlines():
-            record = json.loads(line)
-            if "slot" in record:
-                self.ran.add(missed.slot_of(record["slot"]))
-            else:
-                self.told.add(missed.slot_of(record["missed"]))
-
-
-def _unaccounted(due: list[missed.Slot], live: list[_Live]) -> int:
-    """The slots ``due`` that no instance has run or reported missed so far."""
-    ran: set[missed.Slot] = set()
-    told: set[missed.Slot] = set()
-    for instance in live:
-        instance.read()
-        ran |= instance.ran
-        told |= instance.told
+def _unaccounted(due: list[missed.Slot], records: list[dict[str, Any]]) -> int:
+    """The slots ``due`` that no instance has run or reported missed in ``records`` (the
+    instances' ``.live`` lines: ``{"slot": id}`` or ``{"missed": id}``)."""
+    ran = {missed.slot_of(record["slot"]) for record in records if "slot" in record}
+    told = {missed.slot_of(record["missed"]) for record in records if "missed" in record}
     return missed.unaccounted(due, ran, told)
 
 

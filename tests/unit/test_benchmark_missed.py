@@ -115,16 +115,30 @@ def test_a_slot_missed_after_a_sent_one_is_a_silent_miss(run: CaseRun) -> None:
 def test_the_engine_runner_reads_each_instance_s_live_file_on_from_its_last_read(
     tmp_path: Path,
 ) -> None:
-    from benchmarks.run import _Live, _unaccounted
+    from benchmarks.appended import Appended
+    from benchmarks.run import _unaccounted
 
     path = tmp_path / "i0.jsonl.live"
-    live = _Live(path)
+    live = Appended([path])
     due = [("job00000", 1000), ("job00000", 2000), ("job00001", 1000), ("job00001", 2000)]
-    assert _unaccounted(due, [live]) == 4, "no file yet: nothing ran"
+    assert _unaccounted(due, live.poll()) == 4, "no file yet: nothing ran"
     path.write_text('{"slot": "job00000@1000"}\n{"slot": "job00001@1000"}\n{"slo')
-    assert _unaccounted(due, [live]) == 2, "a line still being written is not read"
+    assert _unaccounted(due, live.poll()) == 2, "a line still being written is not read"
     with open(path, "a") as more:
         more.write('t": "job00000@2000"}\n{"missed": "job00001@2000"}\n')
-    assert _unaccounted(due, [live]) == 0
-    assert live.ran == {("job00000", 1000), ("job00001", 1000), ("job00000", 2000)}
-    assert live.told == {("job00001", 2000)}
+    assert _unaccounted(due, live.poll()) == 0
+    assert live.seen == [
+        {"slot": "job00000@1000"},
+        {"slot": "job00001@1000"},
+        {"slot": "job00000@2000"},
+        {"missed": "job00001@2000"},
+    ]
+
+
+def test_the_slots_due_in_a_window_are_those_after_its_start_an_interval_before_its_end() -> None:
+    due = missed.due_on_grid(["a", "b"], 2.0, 1000.5, 1010.0)
+    assert due == [("a", ms) for ms in (1002000, 1004000, 1006000, 1008000)] + [
+        ("b", ms) for ms in (1002000, 1004000, 1006000, 1008000)
+    ]
+    # 1000 is the start itself, 1002 less than an interval before the end.
+    assert missed.due_on_grid(["a"], 2.0, 1000.0, 1003.0) == []
