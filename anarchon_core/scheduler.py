@@ -55,6 +55,7 @@ from .engine.requests import CONTROL_POLL, MANUAL_KEPT, Requests
 from .engine.runs import DISPATCH_RETRY_MAX, Runs, dispatch_retry_after
 from .engine.stored import Handlers, Resolve, StoredSchedules
 from .engine.table import JobTable
+from .engine.tallies import Tallies
 from .errors import ConfigurationError
 from .events import Emitter, Event, Health
 from .jobs import Job, JobOptions, Overlap, Rules, Run
@@ -169,7 +170,8 @@ class Scheduler:
         self._gateway = gateway = Gateway(self.store, self._emit, self.instance)
         self._table = table = JobTable()
         peers = Peers(self.instance, gateway.registry)
-        ctx = Context(self.instance, self._clock, self._emit, gateway, table, peers)
+        tallies = Tallies(self.instance, self._clock, gateway, peers)
+        ctx = Context(self.instance, self._clock, self._emit, gateway, table, peers, tallies)
         self._wake = threading.Event()
         self._handlers = Handlers(table)
         self._stored = StoredSchedules(

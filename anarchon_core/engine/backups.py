@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from ..events import EventKind
 from ..jobs import Overlap
-from ..roles import Backup, JobRuntime, Verdict
+from ..roles import ENDED, Backup, JobRuntime, Verdict
 from ..slots import Slot
 from ..store import JobState, RunState
 from .claims import CLAIM_RETRY, REQUEST_WAIT, Answers, Ask
@@ -90,6 +90,13 @@ class Backups:
                     self._answers.ask_cancel(rt, record)  # if it could not be asked before
             elif verdict in (Verdict.DROP, Verdict.SUPERSEDE):
                 rt.backup = None
+                if (
+                    record is not None
+                    and record.slot_ms == backup.slot.ms
+                    and record.state in ENDED
+                ):
+                    # This instance's own run, handed off, ended: its tally may say so.
+                    self._ctx.tallies.ended(rt.job.name, backup.token, True)
             elif verdict is Verdict.MISSED:
                 assert record is not None
                 rt.backup = None

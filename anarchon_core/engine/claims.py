@@ -32,6 +32,7 @@ from ..store import HISTORY, Claim, ClaimStatus, JobState, refusal
 from .context import Context
 from .pacing import Pacer
 from .runs import Runs
+from .tallies import eligible, group_key
 
 log = logging.getLogger(__name__)
 
@@ -556,6 +557,7 @@ class Claims:
         The runs' upkeep goes between two chunks; the chunks the step's
         budget leaves are claimed at the next step (see :mod:`.pacing`).
         """
+        due = self._settle(due)
         for chunk in pacer.chunks("claims", due):
             # Each chunk's slots worked out when it is sent: the misses a backlog
             # reports are work too, and the runs' upkeep goes between two chunks.
@@ -566,6 +568,43 @@ class Claims:
                 batch = [(rt, s) for rt, s in batch if rt.overlap is Overlap.SKIP or rt in claimed]
             if batch:
                 self._claim_chunk(batch)
+
+    def _settle(self, due: list[JobRuntime]) -> list[JobRuntime]:
+        """Of ``due``, the jobs whose claim still goes: those whose slot the tally of the
+        instance they waited for shows won and ended (:mod:`.tallies`) are done with here,
+        as if their record had been read (a claim would be refused: the slot is taken,
+        and there is no run to back up), and their next slot placed."""
+        tallies, now = self._ctx.tallies, self._ctx.clock.time()
+        if not tallies.kept:
+            return due
+        waited = [
+            (rt, group_key(rt.next_slot.ms, rt, self.lookahead_of(rt)))
+            for rt in due
+            if rt.deferred and rt.next_slot is not None and rt.claim_at <= now and eligible(rt)
+        ]
+        found = tallies.settled(waited)
+        if not found:
+            return due
+        rest: list[JobRuntime] = []
+        emit = self._ctx.emit
+        for rt in due:
+            writer = found.get(id(rt))
+            slot = rt.next_slot
+            if (
+                writer is None
+                or slot is None
+                or rt.removed
+                or rt.backup is not None
+                or rt.runner is not None
+                or rt.following(slot).time.timestamp() <= now  # a backlog: see _batch
+                or rt.too_late(slot, now - slot.time.timestamp())
+                or self._waits_for_request(rt, slot.ms)
+            ):
+                rest.append(rt)
+                continue
+            emit(EventKind.TAKEN, slot=slot, detail=f"won and ended by {writer}")
+            self.advance(rt, slot)
+        return rest
 
     def _arrive(self, queued: list[tuple[JobRuntime, Slot]]) -> list[JobRuntime]:
         """The slots of ``queued``, of jobs whose overlap policy queues slots: the record
@@ -597,6 +636,7 @@ class Claims:
         runs_in = [self._runs_in(rt, slot) for rt, slot in batch]
         claims = self._send(runs_in)
         version = peers.version
+        tallying = self._ctx.tallies.peers_wait
         ahead: set[int] = set()
         for i, ((rt, _), claim) in enumerate(zip(batch, claims, strict=True)):
             if isinstance(claim, Exception):
@@ -615,6 +655,8 @@ class Claims:
                 for i, ((run_rt, run_slot), claim) in enumerate(zip(runs_in, claims, strict=True)):
                     if not isinstance(claim, Exception) and i not in ahead:
                         self._answers.act(run_rt, run_slot, claim, sent, Ask.SCHEDULED)
+                        if tallying and not run_rt.deferred:
+                            self._tally(run_rt, run_slot, claim)
         finally:
             for i, ((rt, slot), claim) in enumerate(zip(batch, claims, strict=True)):
                 if isinstance(claim, Exception) or rt.removed:
@@ -625,6 +667,13 @@ class Claims:
                     self.advance(rt, slot)
         if peers.version != version:
             self.replace_deferred()
+
+    def _tally(self, rt: JobRuntime, slot: Slot, claim: Claim) -> None:
+        """This instance claimed ``rt``'s ``slot`` first: its tally will say so."""
+        holder = claim.holder
+        won = claim.won and holder is not None and rt.runner is not None
+        token = holder.token if won and holder is not None else None
+        self._ctx.tallies.claimed(rt, token, won, group_key(slot.ms, rt, self.lookahead_of(rt)))
 
     def _runs_in(self, rt: JobRuntime, slot: Slot) -> tuple[JobRuntime, Slot]:
         """The runtime and slot that ``rt``'s ``slot`` is claimed and run as: a lane's, for

@@ -11,6 +11,7 @@ from ..peers import Peers
 from ..slots import Slot
 from .gateway import Gateway
 from .table import JobTable
+from .tallies import Tallies
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,7 @@ class Context:
     gateway: Gateway
     table: JobTable
     peers: Peers
+    tallies: Tallies
 
     def now(self) -> datetime:
         """The wall-clock time, aware UTC."""

@@ -156,6 +156,9 @@ class Loop:
         # returned already. Their slot is then finished or handed off within this
         # step, before the engine sleeps.
         self._runs.finish()
+        # This instance's tally: the slots it claimed first that it won and ended, so
+        # that the instances that waited for it need not read their records.
+        self._ctx.tallies.write()
 
     def _upkeep(self, between_chunks: bool = False) -> None:
         """The runs' upkeep: record the ends, renew the leases due, report the runs lost.
@@ -219,6 +222,9 @@ class Loop:
         if self._ctx.gateway.controls:
             delays.append(self._requests.poll_at - now_mono)
         delays += [at - now for at in self._requests.next_at()]
+        mark_at = self._ctx.tallies.next_at()
+        if mark_at is not None:
+            delays.append(mark_at - now)
         return max(0.0, min(delays))
 
     def health(self, stall: float = LOOP_STALL) -> Health:
@@ -307,3 +313,4 @@ class Loop:
             log.warning("anarchon: could not finish runs while stopping: %s", describe(exc))
         if self._runs.hand_over():
             self._registry.withdraw()
+            self._ctx.tallies.withdraw()

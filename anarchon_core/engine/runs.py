@@ -499,6 +499,9 @@ class Runs:
                 rt.backup = Backup.at_once(runner.slot, run.token, self._ctx.clock.monotonic())
             if rt.removed:
                 self._ctx.table.forget(rt)
+        if not done.handed_off:  # a run handed off: settled once seen ended (.backups)
+            settled = finished and not (retry or done.interrupted)
+            self._ctx.tallies.ended(rt.job.name, run.token, settled)
         if done.interrupted and not finished:
             return  # stopped on losing the run, which another instance holds now
         if finished:
