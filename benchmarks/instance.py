@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from anarchon_core import Event, EventKind, Run, Scheduler, open_store
+from anarchon_core.engine.tallies import TALLIES
 
 #: The store methods counted as round trips (each is one call to the server).
 CALLS = (
@@ -37,7 +38,9 @@ CALLS = (
 
 
 def count_calls(store: Any, counts: Counter[str]) -> None:
-    """Wrap the store's methods so that each call is counted by name."""
+    """Wrap the store's methods so that each call is counted by name; of the control
+    entries' calls, those of the tallies (their reads and writes, per tick, in place of
+    the records' reads), as ``tallies``."""
     for name in CALLS:
         method = getattr(store, name)
 
@@ -46,6 +49,17 @@ def count_calls(store: Any, counts: Counter[str]) -> None:
             return _method(*args, **kwargs)
 
         setattr(store, name, counted)
+    for name in ("controls", "set_control"):
+        method = getattr(store, name, None)
+        if method is None:
+            continue
+
+        def tallied(*args: Any, _method: Any = method, **kwargs: Any) -> Any:
+            if args and str(args[0]).startswith(TALLIES):
+                counts["tallies"] += 1
+            return _method(*args, **kwargs)
+
+        setattr(store, name, tallied)
 
 
 def peak_rss_mb() -> float:

@@ -60,7 +60,7 @@ KEPT_FOR = 120.0
 #: The most groups a tally keeps (the newest).
 MAX_GROUPS = 64
 #: The most jobs a group names as open; a group with more says nothing (all are read).
-MAX_OPEN = 64
+MAX_OPEN = 256
 #: A tally not written for this long is its writer's last (gone): swept by its readers.
 STALE_AFTER = 600.0
 #: How often a reader sweeps the stale tallies, at most (seconds).
@@ -131,16 +131,20 @@ class _Group:
     pending: set[tuple[int, str]] = field(default_factory=set)
     #: Changed since the tally was last written.
     changed: bool = False
+    #: Written once with runs still going (at half its deferral).
+    early: bool = False
 
     def ready(self, now: float) -> bool:
         """Whether the tally is to be written for this group's sake: it changed, some of
-        its runs were settled, and either none is still going or half its deferral
-        passed (those still going are named open, read by the instances that wait)."""
-        return (
-            self.changed
-            and self.settled > 0
-            and (not self.pending or now >= self.first + self.deferral / 2)
-        )
+        its runs were settled, and either none is still going, or half its deferral
+        passed and it was not written so yet (those still going are named open, read
+        by the instances that wait): one write per group at half its deferral at most,
+        and one once its runs all ended."""
+        if not self.changed or not self.settled:
+            return False
+        if not self.pending:
+            return True
+        return not self.early and now >= self.first + self.deferral / 2
 
     def encoded(self) -> list[object]:
         names = self.open | {name for _, name in self.pending}
@@ -236,6 +240,7 @@ class Tallies:
             kept.pop(0)  # the oldest group goes first
         if self._set(value):
             for group in self._groups.values():
+                group.early = group.early or bool(group.pending)
                 group.changed = False
             self._changed = False
         else:  # written again at a step after a pause, with what changed since
@@ -249,7 +254,7 @@ class Tallies:
         times = [
             group.first + group.deferral / 2
             for group in self._groups.values()
-            if group.changed and group.settled and group.pending
+            if group.changed and group.settled and group.pending and not group.early
         ]
         at = min(times, default=None)
         return None if at is None else max(at, self._retry_at)
@@ -296,13 +301,14 @@ class Tallies:
         for key, (version, text) in entries.items():
             try:
                 tally = json.loads(text)
-                groups = tally["groups"]
                 at = float(tally["at"])
             except (ValueError, KeyError, TypeError):
                 continue
             if now - at > STALE_AFTER:
                 stale.append((key, version))
-            elif isinstance(groups, dict):
+                continue
+            groups = tally.get("groups")
+            if isinstance(groups, dict):
                 decoded = {decode_key(text): told for text, told in groups.items()}
                 tallies[key[len(TALLIES) :]] = {k: v for k, v in decoded.items() if k is not None}
         if stale and now - self._swept_at >= SWEEP_EVERY:
