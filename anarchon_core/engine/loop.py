@@ -222,9 +222,9 @@ class Loop:
         if self._ctx.gateway.controls:
             delays.append(self._requests.poll_at - now_mono)
         delays += [at - now for at in self._requests.next_at()]
-        mark_at = self._ctx.tallies.next_at()
-        if mark_at is not None:
-            delays.append(mark_at - now)
+        tally_at = self._ctx.tallies.next_at()
+        if tally_at is not None:
+            delays.append(tally_at - now)
         return max(0.0, min(delays))
 
     def health(self, stall: float = LOOP_STALL) -> Health:
