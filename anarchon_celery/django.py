@@ -12,8 +12,10 @@ one beat (see :mod:`anarchon_celery.rows` for how a row is read).
   are the enabled rows read again (one query), and the added, changed,
   disabled and deleted rows applied to the engine.
 - **Bookkeeping**: ``last_run_at`` and ``total_run_count`` are written by the
-  beat that sent the slot, once per slot (a takeover of the same slot does
-  not count it again). A one-off row (``one_off``, and every clocked row) is
+  beat that sends the slot, just before the send (as django-celery-beat
+  counts an entry before applying it), once per slot whatever order the
+  beats' writes arrive in (a takeover of the same slot does not count it
+  again; ``last_run_at`` never moves back). A one-off row (``one_off``, and every clocked row) is
   disabled by the beat that sends it, in the same conditional update that
   makes it the only one: ``UPDATE ... WHERE enabled``.
 - **Clocked rows** run once at ``clocked_time``; if every beat was down then,
@@ -236,14 +238,29 @@ class Tables:
         self.marker_model.update_changed()  # the other beats drop the row at their next poll
         return True
 
-    def count(self, row_id: int, slot: datetime) -> None:
-        """``last_run_at`` and ``total_run_count`` for ``slot``, unless already counted."""
-        from django.db.models import F, Q
+    def count(self, row_id: int, slot: datetime, attempt: int) -> None:
+        """``last_run_at`` and ``total_run_count`` for ``slot``, once whatever the order.
+
+        Counted before the slot is sent, so that a beat killed at its send has
+        counted it. The first attempt is the only one that can have counted
+        ``slot`` before: it counts unless the row's ``last_run_at`` is
+        ``slot``, even after a later slot was counted first (beats' writes can
+        arrive out of order). A takeover counts only a slot newer than
+        ``last_run_at``: ``last_run_at`` at or past ``slot`` means the first
+        attempt counted it. ``last_run_at`` never moves back.
+        """
+        from django.db.models import Case, DateTimeField, F, Q, Value, When
 
         stored = self._stored(slot)
-        self.task_model.objects.filter(pk=row_id).filter(
-            Q(last_run_at__isnull=True) | Q(last_run_at__lt=stored)
-        ).update(last_run_at=stored, total_run_count=F("total_run_count") + 1)
+        newer = Q(last_run_at__isnull=True) | Q(last_run_at__lt=stored)
+        counted = newer if attempt > 1 else newer | Q(last_run_at__gt=stored)
+        self.task_model.objects.filter(pk=row_id).filter(counted).update(
+            last_run_at=Case(
+                When(newer, then=Value(stored, output_field=DateTimeField())),
+                default=F("last_run_at"),
+            ),
+            total_run_count=F("total_run_count") + 1,
+        )
 
 
 def _database_errors() -> tuple[type[BaseException], ...]:
@@ -460,7 +477,7 @@ class DatabaseScheduler(Scheduler):
     # -- sending a slot -----------------------------------------------------
 
     def send(self, job: ScheduledEntry, run: Run, engine: Engine) -> None:
-        """Send a row's slot unless the row says not to; then its bookkeeping, once."""
+        """Send a row's slot unless the row says not to, its bookkeeping written first, once."""
         row = getattr(job.entry, "row_schedule", None)
         tables = self._tables
         if not isinstance(row, RowSchedule) or tables is None:
@@ -487,19 +504,27 @@ class DatabaseScheduler(Scheduler):
                     run.slot,
                 )
                 return
+        else:
+            self._count(tables, row, job.entry.name, run)
         super().send(job, run, engine)
-        if not row.one_off:
-            try:
-                tables.count(row.row_id, run.slot)
-            except _database_errors() as exc:
-                tables.reset()
-                log.warning(
-                    "anarchon: PeriodicTask %r: slot %s was sent, but its last_run_at and"
-                    " total_run_count could not be written (%s)",
-                    job.entry.name,
-                    run.slot,
-                    exc,
-                )
+
+    def _count(self, tables: Tables, row: RowSchedule, name: str, run: Run) -> None:
+        """The row's bookkeeping for ``run``'s slot, written before its send.
+
+        A table that cannot be written does not hold the send up: the slot is
+        sent, and the row's count misses it (logged).
+        """
+        try:
+            tables.count(row.row_id, run.slot, run.attempt)
+        except _database_errors() as exc:
+            tables.reset()
+            log.warning(
+                "anarchon: PeriodicTask %r: slot %s is sent, but its last_run_at and"
+                " total_run_count could not be written (%s)",
+                name,
+                run.slot,
+                exc,
+            )
 
     def _expiry(self, job: ScheduledEntry, run: Run) -> Any:
         """A row's task expires as the row says (:func:`~anarchon_celery.rows.expiry`)."""

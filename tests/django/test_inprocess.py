@@ -402,6 +402,55 @@ def test_two_beats_send_each_slot_of_a_row_once_and_count_it_in_the_table(
     assert once.last_run_at == at(sends.slots("once")[0])
 
 
+def test_a_slot_is_counted_in_the_table_before_its_task_is_sent(
+    app: Celery, beats: Callable[[int], list[Scheduler]], sends: Sends
+) -> None:
+    """A beat killed as it sends has counted the slot: the count is never behind a send."""
+    interval_row("every", 1)
+    namespace = app.conf.anarchon_namespace
+    at_send: list[tuple[float, int, datetime | None]] = []
+
+    def read_the_row(headers: dict[str, Any] | None = None, **_: Any) -> None:
+        ticket = (headers or {}).get("anarchon")
+        if ticket and ticket.get("namespace") == namespace:
+            table = row("every")
+            slot = int(ticket["slot_id"].rpartition("@")[2]) / 1000
+            at_send.append((slot, table.total_run_count, table.last_run_at))
+
+    signals.before_task_publish.connect(read_the_row, weak=False)
+    try:
+        drive(beats(2), lambda: len(sends.slots("every")) >= 3, timeout=8)
+    finally:
+        signals.before_task_publish.disconnect(read_the_row)
+
+    assert sends.twice() == {}
+    assert len(at_send) >= 3
+    for n, (slot, count, last) in enumerate(sorted(at_send), 1):
+        assert (count, last) == (n, at(slot)), f"the row as slot {n} was sent"
+
+
+def test_each_slot_is_counted_once_whatever_order_the_beats_writes_arrive_in(
+    tables: None,
+) -> None:
+    from anarchon_celery.django import Tables
+
+    every = interval_row("every", 2)
+    table = Tables()
+    start = datetime(2026, 12, 7, 12, tzinfo=UTC)
+
+    def slot(k: int) -> datetime:
+        return start + timedelta(seconds=2 * k)
+
+    table.count(every.id, slot(2), 1)  # one beat's write of a slot arrives first,
+    table.count(every.id, slot(1), 1)  # another's, of the slot before, late
+    assert (row("every").total_run_count, row("every").last_run_at) == (2, slot(2))
+    table.count(every.id, slot(2), 2)  # a takeover of a counted slot,
+    table.count(every.id, slot(1), 2)  # of an older counted slot: no more counts
+    assert (row("every").total_run_count, row("every").last_run_at) == (2, slot(2))
+    table.count(every.id, slot(3), 2)  # a takeover of a slot not counted yet
+    assert (row("every").total_run_count, row("every").last_run_at) == (3, slot(3))
+
+
 def test_rows_with_times_of_their_own(
     app: Celery,
     beats: Callable[[int], list[Scheduler]],
