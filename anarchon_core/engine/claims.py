@@ -570,10 +570,12 @@ class Claims:
                 self._claim_chunk(batch)
 
     def _settle(self, due: list[JobRuntime]) -> list[JobRuntime]:
-        """Of ``due``, the jobs whose claim still goes: those whose slot the tally of the
-        instance they waited for shows won and ended (:mod:`.tallies`) are done with here,
-        as if their record had been read (a claim would be refused: the slot is taken,
-        and there is no run to back up), and their next slot placed."""
+        """Of ``due``, the jobs whose claim still goes, as the tallies of the instances
+        they waited for say (:mod:`.tallies`): a job whose slot was won and its run ended
+        is done with here, as if its record had been read (a claim would be refused: the
+        slot is taken, and there is no run to back up), and its next slot placed; one
+        whose run still goes is looked at once more, a peer margin later
+        (:func:`.tallies.wait_until`), then read as any."""
         tallies, now = self._ctx.tallies, self._ctx.clock.time()
         if not tallies.kept:
             return due
@@ -582,16 +584,17 @@ class Claims:
             for rt in due
             if rt.deferred and rt.next_slot is not None and rt.claim_at <= now and eligible(rt)
         ]
-        found = tallies.settled(waited)
-        if not found:
+        told = tallies.read(waited)
+        if not told.settled and not told.going:
             return due
         rest: list[JobRuntime] = []
         emit = self._ctx.emit
         for rt in due:
-            writer = found.get(id(rt))
+            writer = told.settled.get(id(rt))
+            until = told.going.get(id(rt))
             slot = rt.next_slot
             if (
-                writer is None
+                (writer is None and until is None)
                 or slot is None
                 or rt.removed
                 or rt.backup is not None
@@ -601,9 +604,11 @@ class Claims:
                 or self._waits_for_request(rt, slot.ms)
             ):
                 rest.append(rt)
-                continue
-            emit(EventKind.TAKEN, slot=slot, detail=f"won and ended by {writer}")
-            self.advance(rt, slot)
+            elif writer is not None:
+                emit(EventKind.TAKEN, slot=slot, detail=f"won and ended by {writer}")
+                self.advance(rt, slot)
+            elif until is not None:
+                rt.claim_at = until
         return rest
 
     def _arrive(self, queued: list[tuple[JobRuntime, Slot]]) -> list[JobRuntime]:

@@ -13,12 +13,18 @@ at most once per step. For each group of its recent scheduled claims (the
 jobs of one slot time claimed at one offset: same jitter, deferral and
 look-ahead, so that the instances that wait for them claim them together)
 it says which it won *and whose run's end the store recorded* (their number
-and a digest of their names: **settled**) and names the others (**open**:
-lost, refused, handed off, still running). An instance whose deferred claims
-come due reads the tallies in one call; for a group whose settled digest is
-that of exactly the jobs it waited for, less the open ones, it takes each
+and a digest of their names: **settled**), names the runs it won that are
+still going (**going**: running, or handed off and not seen ended) and the
+others (**open**: lost, refused). An instance whose deferred claims come due
+reads the tallies in one call; for a group whose settled digest is that of
+exactly the jobs it waited for, less the going and open ones, it takes each
 of those records as read (the slot won and its run ended: a claim would be
-refused and there is no run to back up). Every other job is read and
+refused and there is no run to back up). It reads the open ones at once. The
+going ones (all of the group's, when too many go to be named) it looks at
+once more, one peer margin later (:func:`wait_until`): those the tally then
+shows ended are settled, the others read. A run its writer won holds the
+slot's lease, so nobody could claim the slot meanwhile, and a backup could
+not take it over before that lease lapses. Every other job is read and
 claimed as before.
 
 A tally only ever says what its own writer did, and only once the store
@@ -100,6 +106,22 @@ def group_key(slot_ms: int, rt: JobRuntime, lookahead: float) -> Key:
     return (slot_ms, rt.job.jitter, rt.deferral, lookahead)
 
 
+def wait_until(key: Key) -> float:
+    """Until when the instances that wait for group ``key`` wait for its runs still going
+    (wall-clock): the latest time they would have read their records (the slot time,
+    its whole jitter and deferral, less the look-ahead) plus one peer margin more (the
+    deferral less the jitter: 1 s, or a tenth of the interval)."""
+    slot_ms, _jitter, deferral, lookahead = key
+    return slot_ms / 1000 + 2 * deferral - lookahead
+
+
+def early_at(key: Key) -> float:
+    """When a group's tally is written with runs still going (wall-clock): half a peer
+    margin before the instances that wait for it read, at the earliest."""
+    slot_ms, jitter, deferral, lookahead = key
+    return slot_ms / 1000 + (jitter + deferral) / 2 - lookahead
+
+
 def encode_key(key: Key) -> str:
     """A group's key as its tally writes it (each float as its shortest exact text)."""
     return "/".join(repr(part) for part in key)
@@ -120,10 +142,10 @@ def decode_key(text: str) -> Key | None:
 class _Group:
     """One group of this instance's own claims, as its tally will tell it."""
 
-    #: When its first claim was answered (wall-clock), and how long the instances
-    #: that wait for it wait (its deferral).
+    #: When its first claim was answered, and when it is written with runs still
+    #: going (:func:`early_at`; wall-clock).
     first: float
-    deferral: float
+    early_at: float
     settled: int = 0
     sum: int = 0
     open: set[str] = field(default_factory=set)
@@ -131,25 +153,34 @@ class _Group:
     pending: set[tuple[int, str]] = field(default_factory=set)
     #: Changed since the tally was last written.
     changed: bool = False
-    #: Written once with runs still going (at half its deferral).
+    #: Written once with runs still going (at its early time).
     early: bool = False
 
     def ready(self, now: float) -> bool:
-        """Whether the tally is to be written for this group's sake: it changed, some of
-        its runs were settled, and either none is still going, or half its deferral
-        passed and it was not written so yet (those still going are named open, read
-        by the instances that wait): one write per group at half its deferral at most,
-        and one once its runs all ended."""
-        if not self.changed or not self.settled:
+        """Whether the tally is to be written for this group's sake: it changed, and
+        either its runs all ended, some settled, or runs still go and its early time
+        (:func:`early_at`) came and it was not written so yet (the instances that wait
+        wait for those runs a little): one write per group with runs still going at
+        most, and one once its runs all ended."""
+        if not self.changed:
             return False
         if not self.pending:
-            return True
-        return not self.early and now >= self.first + self.deferral / 2
+            return self.settled > 0
+        return not self.early and now >= self.early_at
+
+    @property
+    def told(self) -> bool:
+        """Whether the tally says anything of this group: runs settled or still going."""
+        return bool(self.settled or self.pending)
 
     def encoded(self) -> list[object]:
-        names = self.open | {name for _, name in self.pending}
-        shown = sorted(names) if len(names) <= MAX_OPEN else None
-        return [self.settled, format(self.sum, "x"), shown]
+        going = {name for _, name in self.pending}
+        return [
+            self.settled,
+            format(self.sum, "x"),
+            sorted(self.open) if len(self.open) <= MAX_OPEN else None,
+            sorted(going) if len(going) <= MAX_OPEN else None,
+        ]
 
 
 class Tallies:
@@ -182,7 +213,7 @@ class Tallies:
             return
         group = self._groups.get(key)
         if group is None:
-            group = self._groups[key] = _Group(self._clock.time(), rt.deferral)
+            group = self._groups[key] = _Group(self._clock.time(), early_at(key))
         name = rt.job.name
         if won and token is not None:
             group.pending.add((token, name))
@@ -214,8 +245,8 @@ class Tallies:
 
     def write(self) -> None:
         """Write this instance's tally, once a group changed and either its runs all
-        ended or half its deferral passed (the runs still going are named open). A
-        tally the store did not take is written again at a later step."""
+        ended or its early time came (the runs still going named). A tally the store
+        did not take is written again at a later step."""
         now = self._clock.time()
         if not self._changed or not self.kept or now < self._retry_at:
             return
@@ -229,7 +260,7 @@ class Tallies:
         if not any(group.ready(now) for group in self._groups.values()):
             return
         kept = sorted(
-            (key for key, group in self._groups.items() if group.settled),
+            (key for key, group in self._groups.items() if group.told),
             key=lambda k: self._groups[k].first,
         )
         while True:
@@ -247,14 +278,14 @@ class Tallies:
             self._retry_at = now + RETRY
 
     def next_at(self) -> float | None:
-        """When a group waiting for its runs to end is to be written all the same (half
-        its deferral after its first claim), if any: the loop wakes for it."""
+        """When a group waiting for its runs to end is to be written all the same (its
+        early time), if any: the loop wakes for it."""
         if not self._changed:
             return None
         times = [
-            group.first + group.deferral / 2
+            group.early_at
             for group in self._groups.values()
-            if group.changed and group.settled and group.pending and not group.early
+            if group.changed and group.pending and not group.early
         ]
         at = min(times, default=None)
         return None if at is None else max(at, self._retry_at)
@@ -282,19 +313,18 @@ class Tallies:
 
     # -- reading -------------------------------------------------------------
 
-    def settled(self, waited: Sequence[tuple[JobRuntime, Key]]) -> dict[int, str]:
-        """Of the jobs ``waited`` for (each with its group's key), those whose slot a tally
-        shows won and ended: ``id(rt)`` -> the instance that ran it. One read of the
-        tallies."""
+    def read(self, waited: Sequence[tuple[JobRuntime, Key]]) -> Told:
+        """What the tallies say of the jobs ``waited`` for (each with its group's key), in
+        one read of the tallies."""
         if not self.kept or not waited:
-            return {}
+            return Told()
         try:
             entries = self._gateway.store.controls(TALLIES)
         except Exception as exc:
             if is_bug(exc):
                 raise
             log.debug("anarchon: could not read the tallies: %s", describe(exc))
-            return {}
+            return Told()
         tallies: dict[str, dict[Key, object]] = {}
         now = self._clock.time()
         stale: list[tuple[str, int]] = []
@@ -313,35 +343,7 @@ class Tallies:
                 tallies[key[len(TALLIES) :]] = {k: v for k, v in decoded.items() if k is not None}
         if stale and now - self._swept_at >= SWEEP_EVERY:
             self._sweep(stale, now)
-        return self._match(waited, tallies)
-
-    def _match(
-        self, waited: Sequence[tuple[JobRuntime, Key]], tallies: dict[str, dict[Key, object]]
-    ) -> dict[int, str]:
-        by_group: dict[tuple[str, Key], list[JobRuntime]] = {}
-        for rt, key in waited:
-            if rt.preferred is not None and rt.preferred in tallies:
-                by_group.setdefault((rt.preferred, key), []).append(rt)
-        found: dict[int, str] = {}
-        for (writer, key), jobs in by_group.items():
-            told = tallies[writer].get(key)
-            if not isinstance(told, list) or len(told) != 3:
-                continue
-            count, total, open_names = told
-            if not isinstance(open_names, list) or not isinstance(total, str):
-                continue  # too many open, or not a tally this version reads: all read
-            shut = set(open_names)
-            settled = [rt for rt in jobs if rt.job.name not in shut]
-            try:
-                matches = count == len(settled) and int(total, 16) == digest(
-                    rt.job.name for rt in settled
-                )
-            except ValueError:
-                continue
-            if matches:
-                for rt in settled:
-                    found[id(rt)] = writer
-        return found
+        return _match(waited, tallies, now)
 
     def _sweep(self, stale: list[tuple[str, int]], now: float) -> None:
         """Remove the tallies of instances gone for long (each by compare-and-set)."""
@@ -357,3 +359,55 @@ class Tallies:
                     raise
                 log.debug("anarchon: could not sweep %s: %s", key, describe(exc))
                 return
+
+
+@dataclass
+class Told:
+    """What the tallies say of the jobs waited for."""
+
+    #: ``id(rt)`` -> the instance whose tally shows its slot won and its run ended.
+    settled: dict[int, str] = field(default_factory=dict)
+    #: ``id(rt)`` -> when to look again at the run its preferred instance won, still
+    #: going (wall-clock; :func:`wait_until`): the tallies again, then its record.
+    going: dict[int, float] = field(default_factory=dict)
+
+
+def _match(
+    waited: Sequence[tuple[JobRuntime, Key]], tallies: dict[str, dict[Key, object]], now: float
+) -> Told:
+    by_group: dict[tuple[str, Key], list[JobRuntime]] = {}
+    for rt, key in waited:
+        if rt.preferred is not None and rt.preferred in tallies:
+            by_group.setdefault((rt.preferred, key), []).append(rt)
+    told = Told()
+    for (writer, key), jobs in by_group.items():
+        group = tallies[writer].get(key)
+        if not isinstance(group, list) or len(group) != 4:
+            continue  # not a tally this version reads: all read
+        count, total, open_names, going_names = group
+        if not isinstance(open_names, list) or not isinstance(total, str):
+            continue  # too many lost or refused to name: all read
+        shut = set(open_names)
+        jobs = [rt for rt in jobs if rt.job.name not in shut]  # the open ones: read
+        until = wait_until(key)
+        if not isinstance(going_names, list):
+            # Too many runs still going to name them: none settles yet, all are waited
+            # for (a little), then read.
+            if now < until:
+                told.going.update((id(rt), until) for rt in jobs)
+            continue
+        going = set(going_names)
+        settled = [rt for rt in jobs if rt.job.name not in going]
+        try:
+            matches = count == len(settled) and int(total, 16) == digest(
+                rt.job.name for rt in settled
+            )
+        except ValueError:
+            continue
+        if not matches:
+            continue  # the writer's view of the group is not this instance's: all read
+        for rt in settled:
+            told.settled[id(rt)] = writer
+        if now < until:
+            told.going.update((id(rt), until) for rt in jobs if rt.job.name in going)
+    return told

@@ -60,28 +60,31 @@ def test_a_tally_written_on_the_store_settles_exactly_the_jobs_it_names(
         writer.claimed(rt, token, True, group_key(SLOT_MS, rt, 0.0))
         if rt.job.name != "job00":
             writer.ended(rt.job.name, token, True)
-    writer._groups[group_key(SLOT_MS, _runtimes(a)[0], 0.0)].first -= 10  # half the wait passed
+    writer._groups[group_key(SLOT_MS, _runtimes(a)[0], 0.0)].early_at = 0.0  # its time came
     writer.write()
     entries = tally_store.controls(TALLIES)
     assert set(entries) == {TALLIES + "a"}
     groups = json.loads(entries[TALLIES + "a"][1])["groups"]
-    assert list(groups.values()) == [[JOBS - 1, groups[next(iter(groups))][1], ["job00"]]]
+    assert list(groups.values()) == [[JOBS - 1, groups[next(iter(groups))][1], [], ["job00"]]]
 
-    # b waited for a for every job: all but the one still going are settled.
+    # b waited for a for every job: all but the one still going are settled, and that
+    # one is waited for (a little) before its record is read.
     waited = _runtimes(b)
     for rt in waited:
         rt.preferred = "a"
-    found = _tallies(b).settled([(rt, group_key(SLOT_MS, rt, 0.0)) for rt in waited])
-    assert sorted(rt.job.name for rt in waited if id(rt) in found) == [
+    told = _tallies(b).read([(rt, group_key(SLOT_MS, rt, 0.0)) for rt in waited])
+    assert sorted(rt.job.name for rt in waited if id(rt) in told.settled) == [
         f"job{k:02d}" for k in range(1, JOBS)
     ]
-    assert set(found.values()) == {"a"}
+    assert set(told.settled.values()) == {"a"}
+    assert [rt.job.name for rt in waited if id(rt) in told.going] == ["job00"]
     # One job a did not claim among those b waited for: nothing of the group is settled.
     c = _scheduler(tally_store, "c", JOBS + 1)
     more = _runtimes(c)
     for rt in more:
         rt.preferred = "a"
-    assert _tallies(c).settled([(rt, group_key(SLOT_MS, rt, 0.0)) for rt in more]) == {}
+    told = _tallies(c).read([(rt, group_key(SLOT_MS, rt, 0.0)) for rt in more])
+    assert told.settled == {} and told.going == {}
 
     # a stops: its tally goes.
     writer.withdraw()
@@ -95,5 +98,5 @@ def test_a_stale_tally_is_swept_and_a_fresh_one_kept(tally_store: Store) -> None
     tally_store.set_control(TALLIES + "here", json.dumps({"at": now, "groups": {}}), 0)
     rt = _runtimes(b)[0]
     rt.preferred = "here"
-    assert _tallies(b).settled([(rt, group_key(SLOT_MS, rt, 0.0))]) == {}
+    assert _tallies(b).read([(rt, group_key(SLOT_MS, rt, 0.0))]).settled == {}
     assert set(tally_store.controls(TALLIES)) == {TALLIES + "here"}

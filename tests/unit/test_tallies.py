@@ -11,7 +11,10 @@ import json
 from collections import Counter
 from collections.abc import Iterable
 
+import pytest
+
 from anarchon_core import EventKind, JobState, Run, RunState, Scheduler
+from anarchon_core.engine import tallies
 from anarchon_core.engine.tallies import (
     MAX_OPEN,
     STALE_AFTER,
@@ -103,7 +106,9 @@ def test_the_instances_that_waited_read_no_record_of_a_slot_won_and_ended() -> N
     assert set(tallies) == {TALLIES + name for name in NAMES}
     for _, text in tallies.values():
         groups = json.loads(text)["groups"]
-        assert groups and all(opened == [] for _, _, opened in groups.values())
+        assert groups and all(
+            (opened, going) == ([], []) for _, _, opened, going in groups.values()
+        )
 
 
 def test_a_job_the_preferred_instance_does_not_declare_is_read_and_runs() -> None:
@@ -150,6 +155,79 @@ def test_a_run_still_going_is_named_open_read_and_backed_up() -> None:
     assert any(e.slot_id == span.slot_id for e in cluster.kinds(EventKind.TAKEOVER))
 
 
+def test_runs_ending_after_the_waiting_instances_time_are_waited_for_not_read() -> None:
+    """Runs still going when the instances that waited come to their slots (here 1.4 s
+    of a 1 s deferral) are waited for a little, and settled once they end: no record
+    read, every slot once."""
+    cluster, store = _cluster()
+    ran: Counter[tuple[str, float]] = Counter()
+    _fleet(cluster, ran, long={f"job{k:02d}": 1.4 for k in range(JOBS)})
+    cluster.run(25)
+    store.read.clear()
+    settled = len(cluster.events)
+    cluster.run(30)
+    ticks = _ticks(ran, START + 25)
+    assert len(ticks) == 3
+    assert all(ran[(f"job{k:02d}", t)] == 1 for k in range(JOBS) for t in ticks)
+    assert sum(store.read.values()) == 0, store.read.most_common(5)
+    told = [
+        e
+        for e in cluster.events[settled:]
+        if e.kind == EventKind.TAKEN and "won and ended by" in e.detail
+    ]
+    assert len(told) == 2 * JOBS * len(ticks)
+    assert not cluster.kinds(EventKind.MISSED) and not cluster.kinds(EventKind.CATCH_UP)
+
+
+def test_runs_too_many_to_name_are_waited_for_and_settled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A group with more runs still going than a tally names says only that: the instances
+    that waited wait for the end of them all, then settle them without a read."""
+    monkeypatch.setattr(tallies, "MAX_OPEN", 3)  # each instance is preferred for about 10
+    cluster, store = _cluster()
+    ran: Counter[tuple[str, float]] = Counter()
+    _fleet(cluster, ran, long={f"job{k:02d}": 1.4 for k in range(JOBS)})
+    cluster.run(25)
+    store.read.clear()
+    cluster.run(30)
+    ticks = _ticks(ran, START + 25)
+    assert all(ran[(f"job{k:02d}", t)] == 1 for k in range(JOBS) for t in ticks)
+    assert sum(store.read.values()) == 0, store.read.most_common(5)
+    written = [json.loads(text)["groups"] for _, text in store.controls(TALLIES).values()]
+    assert all(going == [] for groups in written for *_, going in groups.values())
+
+
+def test_an_instance_that_dies_with_its_runs_going_is_waited_for_no_longer_than_a_margin(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its tally, written with its runs going, is its last: the instances that waited read
+    its share's records one peer margin past their time, back those runs up and take
+    them over once their leases lapse. None missed."""
+    monkeypatch.setattr(tallies, "MAX_OPEN", 3)  # its runs too many to name: all waited for
+    cluster, store = _cluster()
+    ran: Counter[tuple[str, float]] = Counter()
+    _fleet(cluster, ran, long={f"job{k:02d}": 3.0 for k in range(JOBS)})
+    cluster.run(25)
+    cluster.run(max(0.0, START + 30.7 - cluster.now()))  # i2's tally says its runs go
+    store.read.clear()
+    (_, text) = store.controls(TALLIES)[TALLIES + "i2"]
+    groups = json.loads(text)["groups"]
+    assert any(going is None for *_, going in groups.values())
+    cluster.kill("i2")
+    cluster.run(max(0.0, START + 31.9 - cluster.now()))
+    assert sum(store.read.values()) == 0, "read before the margin passed"
+    cluster.run(max(0.0, START + 32.3 - cluster.now()))
+    assert store.read, "still waiting past the margin"
+    cluster.run(30)
+    slot = START + 30
+    share = [s for s in cluster.spans if s.instance == "i2" and slot <= s.start < slot + 1]
+    assert share
+    for span in share:
+        again = [s for s in cluster.slots(span.job)[span.slot_id] if s.attempt == 2]
+        assert again and again[0].instance != "i2", span
+    assert all(ran[(f"job{k:02d}", slot)] >= 1 for k in range(JOBS))
+    assert not cluster.kinds(EventKind.MISSED)
+
+
 def test_a_preferred_instance_that_dies_before_its_runs_end_leaves_no_mark() -> None:
     """Its slots are read, backed up and taken over as without tallies: none missed."""
     cluster, store = _cluster()
@@ -185,12 +263,14 @@ def test_a_stopped_instance_removes_its_mark_and_a_stale_one_is_swept() -> None:
 def test_a_groups_digest_is_its_names_in_any_order_and_too_many_open_say_nothing() -> None:
     names = [f"job{k}" for k in range(10)]
     assert digest(names) == digest(reversed(names)) != digest(names[1:])
-    group = _Group(first=0.0, deferral=1.0, settled=2, sum=digest(["a", "b"]))
+    group = _Group(first=0.0, early_at=0.5, settled=2, sum=digest(["a", "b"]))
     group.open.add("c")
     group.pending.add((7, "d"))
-    assert group.encoded() == [2, format(digest(["a", "b"]), "x"), ["c", "d"]]
+    assert group.encoded() == [2, format(digest(["a", "b"]), "x"), ["c"], ["d"]]
+    group.pending.update((k, f"y{k}") for k in range(MAX_OPEN))
+    assert group.encoded()[3] is None  # too many going: the readers wait for them all
     group.open.update(f"x{k}" for k in range(MAX_OPEN))
-    assert group.encoded()[2] is None  # the readers read the whole group
+    assert group.encoded()[2] is None  # too many open: the readers read the whole group
 
 
 def test_slots_handed_off_are_settled_once_their_instance_sees_them_ended() -> None:
