@@ -81,10 +81,14 @@ def _ticks(ran: Counter[tuple[str, float]], after: float) -> list[float]:
     return sorted({at for _, at in ran if at > after})
 
 
-def test_the_instances_that_waited_read_no_record_of_a_slot_won_and_ended() -> None:
+@pytest.mark.parametrize("work", [0.0, 1.4], ids=["at-once", "past-the-deferral"])
+def test_the_instances_that_waited_read_no_record_of_a_slot_won_and_ended(work: float) -> None:
+    """Handlers that return at once, or still run when the instances that waited come to
+    their slots (1.4 s of a 1 s deferral): those are waited for a little, and settled
+    once they end."""
     cluster, store = _cluster()
     ran: Counter[tuple[str, float]] = Counter()
-    _fleet(cluster, ran)
+    _fleet(cluster, ran, long={f"job{k:02d}": work for k in range(JOBS)})
     cluster.run(25)  # the first ticks, while they learn of each other
     store.read.clear()
     settled = len(cluster.events)
@@ -153,30 +157,6 @@ def test_a_run_still_going_is_named_open_read_and_backed_up() -> None:
     again = [s for s in cluster.slots("job00")[span.slot_id] if s.attempt == 2]
     assert again and again[0].instance != span.instance, cluster.slots("job00")[span.slot_id]
     assert any(e.slot_id == span.slot_id for e in cluster.kinds(EventKind.TAKEOVER))
-
-
-def test_runs_ending_after_the_waiting_instances_time_are_waited_for_not_read() -> None:
-    """Runs still going when the instances that waited come to their slots (here 1.4 s
-    of a 1 s deferral) are waited for a little, and settled once they end: no record
-    read, every slot once."""
-    cluster, store = _cluster()
-    ran: Counter[tuple[str, float]] = Counter()
-    _fleet(cluster, ran, long={f"job{k:02d}": 1.4 for k in range(JOBS)})
-    cluster.run(25)
-    store.read.clear()
-    settled = len(cluster.events)
-    cluster.run(30)
-    ticks = _ticks(ran, START + 25)
-    assert len(ticks) == 3
-    assert all(ran[(f"job{k:02d}", t)] == 1 for k in range(JOBS) for t in ticks)
-    assert sum(store.read.values()) == 0, store.read.most_common(5)
-    told = [
-        e
-        for e in cluster.events[settled:]
-        if e.kind == EventKind.TAKEN and "won and ended by" in e.detail
-    ]
-    assert len(told) == 2 * JOBS * len(ticks)
-    assert not cluster.kinds(EventKind.MISSED) and not cluster.kinds(EventKind.CATCH_UP)
 
 
 def test_runs_too_many_to_name_are_waited_for_and_settled(monkeypatch: pytest.MonkeyPatch) -> None:
