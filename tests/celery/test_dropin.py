@@ -560,8 +560,8 @@ def test_sigterm_inside_a_store_call_never_hangs_beat(tmp_path: Path) -> None:
     output = process.communicate()[0]
     assert took is not None, f"beat hung after SIGTERM:\n{output}"
     # The held call (0.3 s), the hand-over and the interpreter's exit; on a loaded
-    # machine the exit alone can take a second. A deadlock never ends.
-    assert took < 3.0, f"beat took {took:.2f}s to stop:\n{output}"
+    # machine the exit alone can take seconds. A deadlock never ends.
+    assert took < 8.0, f"beat took {took:.2f}s to stop:\n{output}"
     assert process.returncode == 0, output
     assert "Traceback" not in output, output
 

@@ -27,6 +27,7 @@ from anarchon_core.store import (
 )
 from tests.stores import racer
 from tests.stores.conftest import StoreFactory
+from tests.waiting import wait_until
 
 SLOT = 1_700_000_000_000
 NEXT = SLOT + 10_000
@@ -161,9 +162,14 @@ def test_failed_runs_are_recorded(lease_store: Store) -> None:
 PICKUP = 3.0
 
 
-def _lapse() -> None:
-    """Wait out a :data:`PICKUP` lease (and any lease as short)."""
-    time.sleep(PICKUP + 0.2)
+def _lapse(store: Store) -> None:
+    """Wait until the store shows the :data:`PICKUP` lease of ``job`` ended."""
+
+    def ended() -> bool:
+        state = store.state("job")
+        return state is not None and state.lease_remaining <= 0
+
+    wait_until(ended, PICKUP + 10, "the job's lease to end")
 
 
 def test_dispatch_needs_the_current_token_and_a_held_state(lease_store: Store) -> None:
@@ -179,7 +185,7 @@ def test_dispatch_needs_the_current_token_and_a_held_state(lease_store: Store) -
     assert state.held and not state.unpicked and not state.lapsed
     assert store.dispatch("job", holder.token, PICKUP)  # a retried message: again
     assert store.takeover("job", SLOT, "b", 10, holder.token).status is ClaimStatus.TAKEN
-    _lapse()
+    _lapse(store)
     state = store.state("job")
     assert state is not None and state.state is RunState.DISPATCHED
     assert state.lease_remaining <= 0
@@ -211,7 +217,7 @@ def test_renewing_a_dispatched_run_picks_it_up(lease_store: Store) -> None:
     assert 0 < state.lease_remaining <= PICKUP  # the job lease now
     assert state.held and not state.unpicked
     assert store.takeover("job", SLOT, "b", 10, holder.token).status is ClaimStatus.TAKEN
-    _lapse()
+    _lapse(store)
     state = store.state("job")
     assert state is not None and state.lapsed
     claim = store.takeover("job", SLOT, "b", 10, holder.token)
@@ -230,7 +236,7 @@ def test_a_newer_slot_is_busy_while_dispatched_then_supersedes_it(lease_store: S
     busy = store.claim("job", NEXT, "b", 10)
     assert busy.status is ClaimStatus.BUSY
     assert busy.holder is not None and busy.holder.state is RunState.DISPATCHED
-    _lapse()
+    _lapse(store)
     won = store.claim("job", NEXT, "b", 10)
     assert won.status is ClaimStatus.WON
     assert won.holder is not None and won.holder.token > holder.token
