@@ -168,7 +168,9 @@ def test_runs_are_taken_over_and_handed_over_across_releases_both_ways(
     fleets: dict[str, Fleet] = {}
     tree: dict[str, Path | None] = {"old": previous, "new": None}
     for job, runner, _, sig in CASES:
-        fleets[job] = fleet_factory(job=job, every=60, anchor=anchor, work=8, lease=LEASES[sig])
+        # Runs of 30 s: they go on while the instances that take them on start (eight
+        # processes, two releases: seconds on a loaded machine) and are signalled.
+        fleets[job] = fleet_factory(job=job, every=60, anchor=anchor, work=30, lease=LEASES[sig])
         fleets[job].start(f"{job}-runner-{runner}", wait=False, release=tree[runner])
     any_fleet = next(iter(fleets.values()))  # they share the report
     first: dict[str, Line] = {}
@@ -193,6 +195,8 @@ def test_runs_are_taken_over_and_handed_over_across_releases_both_ways(
         "every instance up",
         seen=any_fleet.tail,
     )
+    ended = [x for x in any_fleet.lines() if x["kind"] == "end"]
+    assert not ended, f"a run ended before its runner was signalled: {ended}"
     gone: dict[str, float] = {}
     for job, runner, _, sig in CASES:
         gone[job] = fleets[job].signal(f"{job}-runner-{runner}", sig)
