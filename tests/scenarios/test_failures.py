@@ -226,14 +226,22 @@ def test_a_handler_longer_than_its_interval_never_runs_twice_at_once(fleet_facto
 def test_a_newer_slot_supersedes_a_lapsed_run_which_is_not_retried(
     fleet_factory: Any, store_url: str
 ) -> None:
-    """Nobody backs the lapsed run up: the next slot's claim supersedes it; it is not retried."""
-    fleet = fleet_factory(every=6, anchor=anchor_soon(2), work=30, lease=2)
+    """Nobody backs the lapsed run up: the next slot's claim supersedes it; it is not retried.
+
+    b starts after the next slot's time: it finds an older slot whose lease lapsed.
+    NATS judges leases by the observer's clock: b calls the record lapsed once it has
+    watched it for a lease, so b must be up a lease before the slot after (else that
+    slot is an overlap of the run b still sees going, which b then takes over, as
+    docs/backends.md says). The 10 s interval leaves a loaded machine 7 s to start b.
+    """
+    fleet = fleet_factory(every=10, anchor=anchor_soon(2), work=30, lease=2)
     fleet.start("a")
     first = fleet.first_start()
     fleet.kill("a")
-    # Started after the next slot's time: b finds an older slot whose lease lapsed.
-    time.sleep(max(0.0, slot_seconds(first["slot_id"]) + 6.2 - time.time()))
+    time.sleep(max(0.0, slot_seconds(first["slot_id"]) + 10.2 - time.time()))
     fleet.start("b")
+    ready = fleet.all_ready()
+    assert ready < slot_seconds(first["slot_id"]) + 20 - 2, "b was not up a lease before its slot"
     wait_until(
         fleet.watch(lambda ls: [x for x in ls if x["kind"] == "start"][1:]),
         15,
