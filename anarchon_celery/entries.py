@@ -242,6 +242,11 @@ class EntryJobs:
         )
 
     def _remove(self, name: str) -> None:
-        self.engine.remove_job(name)
+        # A one-off row (django-celery-beat) is disabled by the beat that sends its
+        # slot, just before the send: the other beats see it go while that slot may
+        # still be claimed or running. They keep watching it, so that if that beat
+        # dies before its send, one of them takes the slot over and sends it.
+        row = getattr(self.jobs[name].entry, "row_schedule", None)
+        self.engine.remove_job(name, keep_watching=bool(getattr(row, "one_off", False)))
         self.owners.remove(name)
         del self.jobs[name]

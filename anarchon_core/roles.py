@@ -216,6 +216,7 @@ class JobRuntime:
         "deferred",
         "hands_off",
         "job",
+        "keep_watching",
         "next_slot",
         "peers_seen",
         "preferred",
@@ -256,6 +257,10 @@ class JobRuntime:
         self.ready = False
         #: Removed while a run of it goes on; it goes once that run ends.
         self.removed = False
+        #: Removed, and still watching (``remove_job(keep_watching=True)``): the slot
+        #: due at the removal is claimed, and the job's runs, this instance's or
+        #: another's, are backed up to their end; no later slot.
+        self.keep_watching = False
         #: The store refused a call about this job alone (reported once until it answers).
         self.refused = False
         #: A batch about this job failed on every item, and failed the step.
@@ -315,6 +320,12 @@ class JobRuntime:
         """Whether its slots are still this instance's concern: not removed, not left
         alone after a bug."""
         return not self.removed and self.broken is None
+
+    @property
+    def runs_watched(self) -> bool:
+        """Whether its runs are still this instance's concern (backed up to their end):
+        as :attr:`watched`, or removed while it keeps watching them."""
+        return (not self.removed or self.keep_watching) and self.broken is None
 
     @property
     def options(self) -> JobOptions:

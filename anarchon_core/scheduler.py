@@ -347,9 +347,15 @@ class Scheduler:
 
         return register
 
-    def remove_job(self, name: str) -> None:
-        """Stop scheduling ``name``. A run in progress keeps its lease and finishes."""
-        self._table.remove(name)
+    def remove_job(self, name: str, *, keep_watching: bool = False) -> None:
+        """Stop scheduling ``name``. A run in progress keeps its lease and finishes.
+
+        ``keep_watching``: the slot due now is still claimed (its claim may wait for
+        another instance), and the runs of the job another instance holds are still
+        backed up to their end, taken over if their lease lapses, as if the job were
+        declared; no later slot. For a job whose removal is part of its run (a
+        one-off that disables itself as it runs)."""
+        self._table.remove(name, keep_watching, self._clock.time())
 
     @property
     def jobs(self) -> dict[str, Job]:

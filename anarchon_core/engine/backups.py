@@ -110,6 +110,8 @@ class Backups:
                 lapsed.append((rt, record))
             if rt.waiting and rt.backup is None:
                 ended.append((rt, backup.slot, record))
+            if rt.removed and rt.backup is None:
+                self._ctx.table.forget(rt)  # a job removed while it watched this run
         if lapsed:
             self._take_over(lapsed)
         if ended:
@@ -164,3 +166,5 @@ class Backups:
             how = "hand-over" if record.state is RunState.RELEASED else "lease lapsed"
             slot = Slot.from_ms(rt.job.name, record.slot_ms)
             self._answers.act(rt, slot, claim, sent, Ask.TAKEOVER, EventKind.TAKEOVER, how)
+            if rt.removed:
+                self._ctx.table.forget(rt)  # taken over elsewhere, or over: gone once ended

@@ -393,7 +393,7 @@ class Answers:
 
     def back_up(self, rt: JobRuntime, holder: JobState) -> None:
         """Become the backup of ``holder``'s run, if the store keeps leases and it needs one."""
-        if self._ctx.gateway.leases is not None and rt.broken is None and rt.backs_up(holder):
+        if self._ctx.gateway.leases is not None and rt.runs_watched and rt.backs_up(holder):
             slot = Slot.from_ms(rt.job.name, holder.slot_ms)
             rt.backup = Backup.of(slot, holder, self._ctx.clock.monotonic(), rt.options)
 
@@ -533,7 +533,12 @@ class Claims:
         return min(lookahead, LOOKAHEAD_SHARE * job.options.lease, LOOKAHEAD_SHARE * job.interval)
 
     def advance(self, rt: JobRuntime, slot: Slot) -> None:
-        """Place ``rt``'s slot after ``slot``."""
+        """Place ``rt``'s slot after ``slot``; a job removed has none (it goes once
+        nothing of it is left)."""
+        if rt.removed:
+            rt.next_slot = None
+            self._ctx.table.forget(rt)
+            return
         rt.next_slot = rt.following(slot)
         self.place(rt)
         rt.following(rt.next_slot)  # worked out now, not when its claim is due
@@ -626,8 +631,7 @@ class Claims:
             if isinstance(record, Exception):
                 rt.claim_at = now + CLAIM_RETRY  # within its catch-up window
             elif (answers.arrived if rt.waiting else answers.behind)(rt, slot, record):
-                if not rt.removed:
-                    self.advance(rt, slot)
+                self.advance(rt, slot)
             else:
                 claimed.append(rt)
         return claimed
@@ -664,11 +668,13 @@ class Claims:
                             self._tally(run_rt, run_slot, claim)
         finally:
             for i, ((rt, slot), claim) in enumerate(zip(batch, claims, strict=True)):
-                if isinstance(claim, Exception) or rt.removed:
+                if isinstance(claim, Exception) or (rt.removed and rt.next_slot is None):
                     continue
                 if i in ahead:
                     rt.claim_at = rt.start_at
-                elif claim.status is not ClaimStatus.ENDED:  # an ended job has no next slot
+                elif claim.status is not ClaimStatus.ENDED or rt.removed:
+                    # An ended job has no next slot; a job removed (as it kept watching
+                    # the slot due then) neither.
                     self.advance(rt, slot)
         if peers.version != version:
             self.replace_deferred()

@@ -486,7 +486,7 @@ class Runs:
         rt, runner, run = done.runtime, done.runner, done.runner.run
         if rt.runner is runner:
             rt.runner = None
-            if (done.handed_off or retry) and rt.watched:
+            if (done.handed_off or retry) and rt.runs_watched:
                 # Whoever executes it may die too, and a slot given back is sent again
                 # by whoever takes it over: back it up like anyone else's run. After
                 # a failed dispatch, the others (who may reach the broker) go first.

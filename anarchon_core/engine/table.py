@@ -51,13 +51,18 @@ class JobTable:
                 # the new declaration, which schedules the slots after it.
                 rt = existing
                 rt.job, rt.removed, rt.ready, rt.broken = job, False, False, None
+                rt.keep_watching = False
             self._unplaced[job.name] = rt
             self.version += 1
             return rt
 
-    def remove(self, name: str) -> None:
+    def remove(self, name: str, keep_watching: bool = False, now: float = 0.0) -> None:
         """Stop scheduling ``name`` (KeyError if unknown); a run going on keeps it until it ends.
 
+        ``keep_watching``: the slot due at ``now`` (its claim not sent yet, or
+        deferred for another instance) is still claimed, and the runs of the job
+        that another instance holds are still backed up, to their end (taken
+        over if they lapse); the job goes once nothing of it is left.
         Its lanes (``overlap="allow_all"``) go with it, each once its run ended."""
         with self.lock:
             rt = self._runtimes[name]
@@ -66,20 +71,32 @@ class JobTable:
             for each in [rt, *lanes]:
                 if each is None:
                     continue
-                each.removed = True
-                each.next_slot = each.backup = None
+                each.removed, each.keep_watching = True, keep_watching
+                slot = each.next_slot
+                if not (keep_watching and slot is not None and slot.time.timestamp() <= now):
+                    each.next_slot = None
+                if not keep_watching:
+                    each.backup = None
                 self._unplaced.pop(each.job.name, None)
-                if each.runner is None:
-                    del self._runtimes[each.job.name]
-                    self._lane_of.pop(each.job.name, None)
+                self._drop(each)
 
     def forget(self, rt: JobRuntime) -> None:
-        """Drop a removed job whose last run ended."""
+        """Drop a removed job once nothing of it is left: no run held here, and, if it
+        keeps watching, no run backed up and no slot left to claim."""
         with self.lock:
-            if self._runtimes.get(rt.job.name) is rt:
-                del self._runtimes[rt.job.name]
-                self._lane_of.pop(rt.job.name, None)
-                self.version += 1
+            if not rt.removed:
+                return
+            if not rt.keep_watching:
+                rt.next_slot = rt.backup = None
+            self._drop(rt)
+
+    def _drop(self, rt: JobRuntime) -> None:
+        if rt.runner is not None or rt.backup is not None or rt.next_slot is not None:
+            return
+        if self._runtimes.get(rt.job.name) is rt:
+            del self._runtimes[rt.job.name]
+            self._lane_of.pop(rt.job.name, None)
+            self.version += 1
 
     def get(self, name: str) -> JobRuntime | None:
         with self.lock:
@@ -179,7 +196,9 @@ class JobTable:
 
             def claim_at(name: str) -> float | None:
                 rt = runtimes.get(name)
-                return None if rt is None or rt.next_slot is None or rt.removed else rt.claim_at
+                if rt is None or rt.next_slot is None or (rt.removed and not rt.keep_watching):
+                    return None
+                return rt.claim_at
 
             names = self.agenda.claims.pop_due(now, claim_at)
             due = [rt for name in names if (rt := runtimes.get(name)) is not None]

@@ -402,6 +402,50 @@ def test_two_beats_send_each_slot_of_a_row_once_and_count_it_in_the_table(
     assert once.last_run_at == at(sends.slots("once")[0])
 
 
+def test_a_one_off_row_disabled_by_a_beat_that_dies_before_its_send_is_sent_by_another(
+    app: Celery,
+    beats: Callable[[int], list[Scheduler]],
+    sends: Sends,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The beat that sends a one-off row disables it first, then sends. One that stops
+    for good in between (killed, in effect: it neither sends nor renews its lease) leaves
+    the row disabled and its slot claimed; the other beat saw the row go at its next
+    poll, kept watching the slot all the same, takes it over once the lease lapsed and
+    sends it: once, counted once."""
+    from anarchon_celery.django import Tables
+
+    app.conf.anarchon_lease = 2
+    take_one_off = Tables.take_one_off
+    died, thaw = threading.Event(), threading.Event()
+
+    def dies_after_taking(self: Tables, row_id: int, slot: datetime) -> bool:
+        mine = take_one_off(self, row_id, slot)
+        if mine and not died.is_set():
+            died.set()  # the first to take it: the row is disabled, nothing is sent
+            thaw.wait(60)
+            raise RuntimeError("this beat died before its send")
+        return mine
+
+    monkeypatch.setattr(Tables, "take_one_off", dies_after_taking)
+    t = math.ceil(time.time())
+    clocked_row("clocked", at(t + 2))
+    pair = beats(2)
+    with ticking(pair):
+        try:
+            assert died.wait(10), "no beat took the row"
+            wait_until(lambda: sends.of("clocked"), 15, "the slot sent by the other beat")
+            time.sleep(2 * POLL)  # nothing more comes
+        finally:
+            thaw.set()
+    [sent] = sends.of("clocked")
+    assert sent.slot == t + 2
+    assert sent.headers["anarchon"]["attempt"] == 2, sent.headers["anarchon"]
+    once = row("clocked")
+    assert (once.enabled, once.total_run_count) == (False, 1)
+    assert once.last_run_at == at(t + 2)
+
+
 def test_a_slot_is_counted_in_the_table_before_its_task_is_sent(
     app: Celery, beats: Callable[[int], list[Scheduler]], sends: Sends
 ) -> None:

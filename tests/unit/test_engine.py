@@ -605,3 +605,61 @@ def test_an_instance_started_during_a_run_longer_than_the_interval_backs_it_up()
     cluster.run(6)
     first = slot_id("job", _dt(START + 60))
     assert [(s.instance, s.attempt) for s in cluster.slots("job")[first]] == [("a", 1), ("b", 2)]
+
+
+@pytest.mark.parametrize("removed_at", [120.3, 124.0], ids=["before-its-claim", "backing-it-up"])
+def test_a_job_removed_watching_its_runs_takes_over_the_slot_due_then_and_no_later_one(
+    removed_at: float,
+) -> None:
+    """A one-off that disables itself as it runs (django-celery-beat's rows): the other
+    instances remove the job as they learn of it, maybe before their deferred claim of
+    the slot went (0.3 s in), maybe while backing its run up (4 s in). Its runner then
+    dies: one of them takes the slot over, and no later slot is claimed anywhere."""
+    cluster = Cluster()
+    schedulers = {
+        name: cluster.add(name, every(cluster, 60, 8), lease=3, jitter=0) for name in "abc"
+    }
+    cluster.run(removed_at)  # the second slot: the first is claimed by all, peers unknown
+    first = cluster.spans[-1]
+    assert first.slot_id == slot_id("job", _dt(START + 120))
+    others = [s for name, s in schedulers.items() if name != first.instance]
+    for scheduler in others:
+        scheduler.remove_job("job", keep_watching=True)
+    cluster.kill(first.instance)
+    cluster.run(12)
+    attempts = cluster.slots("job")[first.slot_id]
+    assert [s.attempt for s in attempts] == [1, 2]
+    assert attempts[1].instance != first.instance
+    assert attempts[1].end is not None  # ran to its end
+    cluster.run(60)  # past the next slot's time
+    assert max(cluster.slots("job")) == first.slot_id
+    assert all("job" not in s.jobs for s in others)  # gone once its run ended
+
+
+def test_a_job_removed_without_watching_leaves_its_runs_to_their_runner() -> None:
+    """The default (``remove_job(name)``): the instances that removed the job watch none
+    of its runs; its runner killed, the slot is not run again by them."""
+    cluster = Cluster()
+    schedulers = {
+        name: cluster.add(name, every(cluster, 60, 8), lease=3, jitter=0) for name in "abc"
+    }
+    cluster.run(122)
+    first = cluster.spans[-1]
+    for name, scheduler in schedulers.items():
+        if name != first.instance:
+            scheduler.remove_job("job")
+            assert "job" not in scheduler.jobs
+    cluster.kill(first.instance)
+    cluster.run(70)
+    assert [s.attempt for s in cluster.slots("job")[first.slot_id]] == [1]
+    assert max(cluster.slots("job")) == first.slot_id
+
+
+def test_a_job_removed_watching_its_runs_before_its_slot_is_due_goes_at_once() -> None:
+    cluster = Cluster()
+    a = cluster.add("a", every(cluster, 60, 1), lease=3, jitter=0)
+    cluster.run(30)
+    a.remove_job("job", keep_watching=True)
+    assert "job" not in a.jobs
+    cluster.run(60)
+    assert cluster.spans == []
