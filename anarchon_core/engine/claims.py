@@ -668,13 +668,12 @@ class Claims:
                             self._tally(run_rt, run_slot, claim)
         finally:
             for i, ((rt, slot), claim) in enumerate(zip(batch, claims, strict=True)):
-                if isinstance(claim, Exception) or (rt.removed and rt.next_slot is None):
+                if isinstance(claim, Exception):
                     continue
                 if i in ahead:
                     rt.claim_at = rt.start_at
                 elif claim.status is not ClaimStatus.ENDED or rt.removed:
-                    # An ended job has no next slot; a job removed (as it kept watching
-                    # the slot due then) neither.
+                    # An ended job has no next slot; a removed one goes (Claims.advance).
                     self.advance(rt, slot)
         if peers.version != version:
             self.replace_deferred()

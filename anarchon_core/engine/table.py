@@ -75,8 +75,6 @@ class JobTable:
                 slot = each.next_slot
                 if not (keep_watching and slot is not None and slot.time.timestamp() <= now):
                     each.next_slot = None
-                if not keep_watching:
-                    each.backup = None
                 self._unplaced.pop(each.job.name, None)
                 self._drop(each)
 
@@ -84,13 +82,13 @@ class JobTable:
         """Drop a removed job once nothing of it is left: no run held here, and, if it
         keeps watching, no run backed up and no slot left to claim."""
         with self.lock:
-            if not rt.removed:
-                return
-            if not rt.keep_watching:
-                rt.next_slot = rt.backup = None
-            self._drop(rt)
+            if rt.removed:
+                self._drop(rt)
 
     def _drop(self, rt: JobRuntime) -> None:
+        """(Lock held.) A removed job that does not keep watching watches nothing more."""
+        if not rt.keep_watching:
+            rt.next_slot = rt.backup = None
         if rt.runner is not None or rt.backup is not None or rt.next_slot is not None:
             return
         if self._runtimes.get(rt.job.name) is rt:
