@@ -6,6 +6,7 @@ import itertools
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,6 +18,14 @@ from tests import servers
 from tests.processes import yielding
 
 pytest_plugins = ["tests.watchdog"]
+
+# Bytecode is cached, whatever the environment says (PYTHONDONTWRITEBYTECODE): a run starts
+# about a thousand Python processes (instances, beats, workers, the CLI), each of which would
+# compile this tree's modules from source, and every xdist worker rewrites and compiles every
+# test module as it collects (7 of its 10 s of collection). The caches go to __pycache__,
+# which git ignores and the builds leave out.
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 T = TypeVar("T")
 
