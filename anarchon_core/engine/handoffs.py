@@ -25,11 +25,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from ..clock import Clock
 from ..errors import BatchRefused
 from ..store import Change, LeaseStore, RunState
 
 #: The longest a hand-off waits for the handlers expected to ask with it, in seconds.
 GATHER = 0.005
+#: How often a hand-off waiting for another handler's call looks again, at most (seconds):
+#: it wakes as that call ends.
+SEND_POLL = 0.1
 
 
 @dataclass(eq=False)
@@ -43,11 +47,14 @@ class _Asked:
 class HandOffs:
     """Sends the hand-offs asked by any thread, those asked meanwhile in one call."""
 
-    def __init__(self, leases: LeaseStore) -> None:
+    def __init__(self, leases: LeaseStore, clock: Clock) -> None:
         self._leases = leases
+        self._clock = clock
         self._cond = threading.Condition()
         self._asked: list[_Asked] = []
         self._sending = False
+        #: Set once the call on its way (``_sending``) ended: a new one for each call.
+        self._sent = threading.Event()
         #: The runs (job, token) whose handler is expected to hand off, not asked yet.
         self._expected: set[tuple[str, int]] = set()
         #: Open while the engine starts the handlers of a batch's won slots.
@@ -94,25 +101,29 @@ class HandOffs:
         deadline = time.monotonic() + GATHER
         while True:
             with self._cond:
-                while not me.answered:
-                    if self._sending:
-                        self._cond.wait()
-                        continue
+                if me.answered:
+                    return self._answer(me)
+                in_flight = self._sent if self._sending else None
+                if in_flight is None:
                     wait = deadline - time.monotonic()
                     if (self._expected or self._gates) and wait > 0:
                         self.waits += 1
                         self._cond.wait(wait)
                         continue
-                    break
-                if me.answered:
-                    return self._answer(me)
-                self._sending = True
-                batch = self._take()
+                    self._sending, self._sent = True, threading.Event()
+                    batch = self._take()
+            if in_flight is not None:
+                # Another handler's call is on its way: waited for through the clock, as
+                # every wait of the engine, so that a test's clock knows this thread
+                # waits (and may move on to the end of that call).
+                self._clock.wait(in_flight, SEND_POLL)
+                continue
             try:
                 self._send(batch)
             finally:
                 with self._cond:
                     self._sending = False
+                    self._sent.set()
                     self._cond.notify_all()
 
     def _take(self) -> list[_Asked]:

@@ -61,7 +61,7 @@ class Runs:
         self._inline = inline
         leases = ctx.gateway.leases
         #: The handler threads' hand-offs, sent together (a group commit).
-        self.handoffs = None if leases is None else HandOffs(leases)
+        self.handoffs = None if leases is None else HandOffs(leases, ctx.clock)
         #: The completions not recorded yet, the oldest first; ``_done_lock`` guards it
         #: (handler threads append, the loop takes).
         self._done: collections.deque[Completion] = collections.deque()

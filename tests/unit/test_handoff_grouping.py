@@ -9,7 +9,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from anarchon_core import Run, RunState, Scheduler, StoreUnavailable
+from anarchon_core import FakeClock, Run, RunState, Scheduler, StoreUnavailable
+from anarchon_core.clock import SystemClock
 from anarchon_core.engine.handoffs import HandOffs
 from anarchon_core.store import Change
 from anarchon_core.stores.memory import MemoryStore
@@ -55,7 +56,7 @@ def _at_once(calls: list[threading.Thread]) -> None:
 def test_hand_offs_asked_while_a_call_is_in_flight_go_together_each_answered() -> None:
     store = Recording(slow=0.2)
     tokens = _claimed(store, 40)
-    handoffs = HandOffs(store)
+    handoffs = HandOffs(store, SystemClock())
     answers: dict[str, bool] = {}
     # job39's token is one too high: that hand-off alone is refused.
     asks = [(f"job{k}", tokens[k] + (k == 39)) for k in range(40)]
@@ -75,10 +76,49 @@ def test_hand_offs_asked_while_a_call_is_in_flight_go_together_each_answered() -
     assert states["job39"].state is RunState.RUNNING
 
 
+class SlowOnTheClock(MemoryStore):
+    """The memory store, whose calls of changes take ``seconds`` of ``clock``'s time."""
+
+    def __init__(self, clock: FakeClock, seconds: float) -> None:
+        super().__init__(clock=clock)
+        self.calls = 0
+        self._clock, self._seconds = clock, seconds
+
+    def change_many(self, changes: Sequence[Change]) -> list[bool]:
+        self.calls += 1
+        self._clock.sleep(self._seconds)  # the calling handler thread sleeps on the clock
+        return super().change_many(changes)
+
+
+def test_a_hand_off_waiting_for_another_threads_call_waits_through_the_clock() -> None:
+    """On a test's clock (FakeClock), a hand-off asked while another handler's call is on
+    its way waits as a sleeper of that clock: the clock can move on to the end of that
+    call. A wait the clock did not know of held every step until its settle gave up."""
+    clock = FakeClock(settle_timeout=5)
+    store = SlowOnTheClock(clock, seconds=3)
+    tokens = _claimed(store, 2)
+    handoffs = HandOffs(store, clock)
+    answers: dict[str, bool] = {}
+
+    def ask(k: int) -> None:
+        answers[f"job{k}"] = handoffs.dispatch(f"job{k}", tokens[k], 60)
+
+    clock.spawn(lambda: ask(0), "first")
+    clock.settle()  # the first call is on its way, its thread asleep on the clock
+    clock.spawn(lambda: ask(1), "second")
+    clock.settle()  # raised "a spawned thread neither slept nor finished"
+    for _ in range(10):
+        clock.advance(1)
+    assert answers == {"job0": True, "job1": True}
+    assert store.calls == 2
+    states = store.states(["job0", "job1"])
+    assert {states[job].state for job in states} == {RunState.DISPATCHED}
+
+
 def test_a_jobs_hand_offs_go_one_per_call_in_the_order_asked() -> None:
     store = Recording(slow=0.1)
     (token,) = _claimed(store, 1)
-    handoffs = HandOffs(store)
+    handoffs = HandOffs(store, SystemClock())
     answers: list[bool] = []
     lock = threading.Lock()
 
@@ -96,7 +136,7 @@ def test_a_jobs_hand_offs_go_one_per_call_in_the_order_asked() -> None:
 def test_a_store_error_reaches_every_hand_off_of_its_call() -> None:
     store = Recording(slow=0.1)
     tokens = _claimed(store, 10)
-    handoffs = HandOffs(store)
+    handoffs = HandOffs(store, SystemClock())
     store.fail = StoreUnavailable("the store is down")
     errors: list[BaseException] = []
 
