@@ -42,30 +42,39 @@ class Backups:
         self._answers = answers
         self._waits_for_request = waits_for_request or (lambda rt, slot_ms: False)
 
-    def check(self, now_mono: float, due: list[JobRuntime], pacer: Pacer) -> None:
+    def check(self, now_mono: float, due: list[JobRuntime], pacer: Pacer) -> set[str]:
         """Check the leases of the slots this instance backs up, a chunk per read.
 
         Those due for a check, and those of the jobs ``due`` to be claimed (a
         released older slot must not be superseded unseen). The checks the
         step's budget leaves are made at the next step (see :mod:`.pacing`).
+
+        Returns the names of the jobs ``due`` whose run backed up is **unsettled**:
+        its record could not be read, or its takeover was refused, or its check
+        was left to the next step. Their claims must wait: one sent now could
+        supersede that run, lapsed, without its takeover.
         """
         table = self._ctx.table
         checked = table.checks_due(now_mono)
         seen = {rt.job.name for rt in checked}
         checked += [rt for rt in due if rt.backup is not None and rt.job.name not in seen]
         if not checked:
-            return
+            return set()
         due_now = {rt.job.name for rt in due}
+        # Settled as each check comes to a verdict (a takeover: once answered).
+        unsettled = {rt.job.name for rt in checked if rt.job.name in due_now}
         try:
             for chunk in pacer.chunks("backups", checked):
-                self._verdicts(chunk, due_now)
+                self._verdicts(chunk, due_now, unsettled)
         finally:
             table.checks_moved(checked)
+        return unsettled
 
-    def _verdicts(self, checked: list[JobRuntime], due: set[str]) -> None:
+    def _verdicts(self, checked: list[JobRuntime], due: set[str], unsettled: set[str]) -> None:
         """Read the records ``checked`` back up, act on each verdict: the lapsed ones are
         taken over in one batch; the claim of a job ``due`` whose run is about to lapse
-        waits for the lapse (:meth:`~anarchon_core.roles.Backup.hold`)."""
+        waits for the lapse (:meth:`~anarchon_core.roles.Backup.hold`). A job whose
+        record was read, and whose run needs no takeover, leaves ``unsettled``."""
         now_mono = self._ctx.clock.monotonic()
         gateway = self._ctx.gateway
         states = gateway.per_job(checked, checked, gateway.states)
@@ -74,6 +83,7 @@ class Backups:
         for rt, record in zip(checked, states, strict=True):
             backup = rt.backup
             if backup is None:  # removed
+                unsettled.discard(rt.job.name)
                 continue
             if isinstance(record, Exception):  # refused: read again after a pause
                 backup.retry(now_mono, rt.options, CLAIM_RETRY)
@@ -108,12 +118,14 @@ class Backups:
                 assert record is not None
                 backup.retry(now_mono, rt.options, CLAIM_RETRY)  # should it not happen now
                 lapsed.append((rt, record))
+            if verdict is not Verdict.TAKE_OVER:
+                unsettled.discard(rt.job.name)
             if rt.waiting and rt.backup is None:
                 ended.append((rt, backup.slot, record))
             if rt.removed and rt.backup is None:
                 self._ctx.table.forget(rt)  # a job removed while it watched this run
         if lapsed:
-            self._take_over(lapsed)
+            unsettled.difference_update(self._take_over(lapsed))
         if ended:
             self._start_waiting(ended)
 
@@ -154,17 +166,21 @@ class Backups:
                 continue
             self._answers.act(rt, head, claim, sent, Ask.BUFFERED, detail=detail)
 
-    def _take_over(self, lapsed: list[tuple[JobRuntime, JobState]]) -> None:
+    def _take_over(self, lapsed: list[tuple[JobRuntime, JobState]]) -> set[str]:
         """Take each record's slot over (compare-and-set on its token), as its next attempt,
-        in one batch; a takeover refused alone is tried again after a pause."""
+        in one batch; a takeover refused alone is tried again after a pause. Returns the
+        names of the jobs whose takeover was answered."""
         gateway = self._ctx.gateway
         sent = self._ctx.clock.monotonic()
         claims = gateway.per_job([rt for rt, _ in lapsed], lapsed, gateway.takeovers)
+        answered: set[str] = set()
         for (rt, record), claim in zip(lapsed, claims, strict=True):
             if isinstance(claim, Exception):  # refused: checked again after a pause
                 continue
+            answered.add(rt.job.name)
             how = "hand-over" if record.state is RunState.RELEASED else "lease lapsed"
             slot = Slot.from_ms(rt.job.name, record.slot_ms)
             self._answers.act(rt, slot, claim, sent, Ask.TAKEOVER, EventKind.TAKEOVER, how)
             if rt.removed:
                 self._ctx.table.forget(rt)  # taken over elsewhere, or over: gone once ended
+        return answered

@@ -556,6 +556,19 @@ class Claims:
         """The jobs whose claim is due, taken out of the agenda (see :meth:`claim`)."""
         return self._ctx.table.claims_due(self._ctx.clock.time())
 
+    def hold_back(self, due: list[JobRuntime], jobs: set[str]) -> list[JobRuntime]:
+        """Of ``due``, those to claim now: the claims of ``jobs`` (whose run backed up was
+        not settled: see :meth:`.backups.Backups.check`) wait :data:`CLAIM_RETRY`, as a
+        claim refused does, and go after the next check of that run."""
+        now = self._ctx.clock.time()
+        claimed = []
+        for rt in due:
+            if rt.job.name in jobs:
+                rt.claim_at = now + CLAIM_RETRY  # within its catch-up window
+            else:
+                claimed.append(rt)
+        return claimed
+
     def claim(self, due: list[JobRuntime], pacer: Pacer) -> None:
         """Claim the slots ``due``, a chunk per batch, and act on the answers.
 

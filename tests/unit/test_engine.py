@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import pytest
 
 from anarchon_core import RunState, Scheduler, StoreUnavailable, slot_id
-from anarchon_core.store import Claim, ClaimRequest
+from anarchon_core.store import Claim, ClaimRequest, JobState
 from anarchon_core.stores.memory import MemoryStore
 from tests.sim import START, Cluster, Span
 
@@ -245,6 +245,54 @@ def test_a_claim_sent_as_the_run_it_backs_up_lapses_waits_and_the_run_is_taken_o
         (first.slot_id, "b", 2),
     ]
     assert [e.slot_id for e in cluster.kinds("overlap")] == [slot_id("job", _dt(START + 10))]
+
+
+class ReadsRefused(MemoryStore):
+    """One instance's view of the shared store, whose reads of records are refused by the
+    server (an error that is not an outage) ``times`` times in a row from ``after`` on."""
+
+    def __init__(self, inner: MemoryStore, cluster: Cluster, after: float, times: int) -> None:
+        super().__init__(clock=cluster.clock, namespace=inner.namespace)
+        self.inner, self.cluster, self.after, self.times = inner, cluster, after, times
+
+    def __getattribute__(self, name: str) -> object:
+        if name in ("states", "inner", "cluster", "after", "times", "__class__", "__dict__"):
+            return super().__getattribute__(name)
+        return getattr(super().__getattribute__("inner"), name)
+
+    def states(self, jobs: Iterable[str]) -> dict[str, JobState]:
+        if self.times and self.cluster.clock.time() >= self.after:
+            self.times -= 1
+            raise ReadRefused("READONLY You can't write against a read only replica.")
+        return self.inner.states(jobs)
+
+
+class ReadRefused(Exception):
+    """A server's refusal of a call (not an outage, not a bug)."""
+
+
+@pytest.mark.parametrize("refusals", [1, 2, 4])
+def test_a_lapsed_run_whose_check_failed_is_not_superseded_by_the_next_claim(
+    refusals: int,
+) -> None:
+    """The check before the next slot's claim cannot read the lapsed run's record (the
+    server refuses, again and again): the claim waits for a check that reads it, and the
+    run is taken over; a claim sent without it would supersede the run, never retried."""
+    cluster = Cluster()
+    cluster.add("a", every(cluster, 5, 40), lease=3, jitter=0, watch=20)
+    cluster.run(5.5)
+    first = cluster.spans[0]
+    shared = cluster.store
+    cluster.store = ReadsRefused(shared, cluster, after=START + 10, times=refusals)
+    cluster.add("b", every(cluster, 5, 40), lease=3, jitter=0, watch=20)
+    cluster.store = shared
+    cluster.run(0.5)  # b backs a's run up
+    cluster.kill("a")
+    cluster.run(15)  # each refusal holds the claim back 2 s (CLAIM_RETRY)
+    assert [(s.slot_id, s.instance, s.attempt) for s in cluster.spans[:2]] == [
+        (first.slot_id, "a", 1),
+        (first.slot_id, "b", 2),
+    ]
 
 
 class FlakyStore(MemoryStore):
