@@ -153,6 +153,8 @@ class Answers:
                 emit(EventKind.OVERLAP, slot=slot, detail=self._overlap_detail(rt, slot, holder))
             if holder is not None and rt.backup is None and rt.runner is None:
                 self.back_up(rt, holder)
+            elif holder is not None and rt.backup is None and not rt.backs_up(holder):
+                self._watch_skipped(rt, slot)
         elif claim.status is ClaimStatus.PAUSED:
             emit(EventKind.PAUSED, slot=slot)
             # A slot that started before the pause goes on, backed up as any run.
@@ -390,6 +392,15 @@ class Answers:
             rt.backup = Backup.of(slot, record, now_mono, rt.options)
         else:
             rt.backup = Backup.at_once(slot, record.token, now_mono)
+
+    def _watch_skipped(self, rt: JobRuntime, slot: Slot) -> None:
+        """``slot`` was skipped for this instance's own run, which may end before the
+        other instances, waiting for this one, claim the slot: one of them may then win
+        it, unseen here. Its record is read before this job's next claim (a backup of
+        the slot, checked then or after ``watch``): a run of it is backed up as any, and
+        taken over if its lease lapsed, rather than superseded by that claim."""
+        if self._ctx.gateway.leases is not None and rt.runs_watched and rt.overlap is Overlap.SKIP:
+            rt.backup = Backup(slot, 0, self._ctx.clock.monotonic() + rt.options.watch)
 
     def back_up(self, rt: JobRuntime, holder: JobState) -> None:
         """Become the backup of ``holder``'s run, if the store keeps leases and it needs one."""

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Sequence
 import pytest
 
 from anarchon_core import RunState, Scheduler, StoreUnavailable, slot_id
+from anarchon_core.peers import rank, slot_rank
 from anarchon_core.store import Claim, ClaimRequest, JobState
 from anarchon_core.stores.memory import MemoryStore
 from tests.sim import START, Cluster, Span
@@ -295,6 +296,42 @@ def test_a_lapsed_run_whose_check_failed_is_not_superseded_by_the_next_claim(
     ]
 
 
+def _preferred_at(names: tuple[str, str], ms: int) -> str:
+    """Which of ``names`` claims job ``job``'s slot ``ms`` first (anarchon_core.peers)."""
+    return max(names, key=lambda name: slot_rank(rank(name, "job"), ms))
+
+
+def test_a_slot_won_after_the_preferred_instance_skipped_it_is_backed_up_by_that_instance() -> None:
+    """The preferred instance of slot 20 claims it while its own run of slot 10 still
+    holds the lease (skipped: an overlap); that run ends a moment later, and the other
+    instance, which waited for it, wins slot 20, then crashes. The preferred instance
+    never saw that run, yet must back it up: its claim of slot 30 would otherwise
+    supersede the lapsed run, never retried."""
+    slot_20 = int((START + 20) * 1000)
+    p, q = next(
+        (p, q)
+        for p, q in itertools.permutations("abcdefgh", 2)
+        if _preferred_at((p, q), slot_20) == p
+    )
+    cluster = Cluster()
+    cluster.add(p, every(cluster, 10, 10.3), lease=3, jitter=0, watch=20)
+    cluster.run(1)
+    cluster.add(q, every(cluster, 10, 10.3), lease=3, jitter=0, watch=20)
+    # Slot 10: p's claim goes first (q knew no peer when it placed it), p runs it to 20.3.
+    # Slot 20: p's claim finds its own run going; q's, after its wait for p, wins.
+    cluster.run(20.5)
+    assert [(s.slot_id, s.instance) for s in cluster.spans] == [
+        (slot_id("job", _dt(START + 10)), p),
+        (slot_id("job", _dt(START + 20)), q),
+    ]
+    cluster.kill(q)
+    cluster.run(12)
+    assert [(s.slot_id, s.instance, s.attempt) for s in cluster.spans[1:]] == [
+        (slot_id("job", _dt(START + 20)), q, 1),
+        (slot_id("job", _dt(START + 20)), p, 2),
+    ]
+
+
 class FlakyStore(MemoryStore):
     """A memory store that can be switched off, as a server outage."""
 
@@ -323,7 +360,7 @@ def test_store_outage_is_survived_without_duplicates_and_the_runner_gives_up() -
     assert all(s.stats.get("store_unavailable") == 1 for s in cluster.live.values())
     assert len(cluster.spans) == 1  # nothing ran that could not be claimed
     store.down = False
-    cluster.run(20)
+    cluster.run(20.5)
     assert all(s.stats.get("store_recovered") == 1 for s in cluster.live.values())
     slots = cluster.slots("job")
     # The run lost during the outage is taken over once, as attempt 2.
