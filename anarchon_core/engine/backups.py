@@ -18,7 +18,7 @@ from collections.abc import Callable
 from ..events import EventKind
 from ..jobs import Overlap
 from ..roles import ENDED, Backup, JobRuntime, Verdict
-from ..slots import Slot
+from ..slots import Slot, is_own_record
 from ..store import JobState, RunState
 from .claims import CLAIM_RETRY, REQUEST_WAIT, Answers, Ask
 from .context import Context
@@ -88,6 +88,13 @@ class Backups:
             if isinstance(record, Exception):  # refused: read again after a pause
                 backup.retry(now_mono, rt.options, CLAIM_RETRY)
                 continue
+            if record is not None and self._newer_run(rt, backup.slot, record):
+                # A newer slot's run where the run backed up was: this instance may never
+                # have seen it (its claim of that slot was skipped as an overlap of the
+                # run before, which ended just after). Backed up from now on, as any.
+                backup = rt.backup = Backup(
+                    Slot.from_ms(rt.job.name, record.slot_ms), record.token, now_mono
+                )
             superseded = rt.overlap is Overlap.CANCEL_OTHER and bool(rt.waiting)
             verdict = backup.verdict(record, now_mono, rt.options, superseded)
             if verdict is Verdict.WATCH:
@@ -128,6 +135,19 @@ class Backups:
             unsettled.difference_update(self._take_over(lapsed))
         if ended:
             self._start_waiting(ended)
+
+    @staticmethod
+    def _newer_run(rt: JobRuntime, backed_up: Slot, record: JobState) -> bool:
+        """Whether ``record`` is a run of a slot newer than the one ``backed_up``, not
+        ended and not this instance's own, of a job whose slots are claimed one at a
+        time in its own record (with another overlap policy, slots wait for the run
+        before them and are claimed as it ends: :meth:`_start_waiting`)."""
+        return (
+            record.slot_ms > backed_up.ms
+            and rt.overlap is Overlap.SKIP
+            and is_own_record(rt.job.name)
+            and rt.backs_up(record)
+        )
 
     def _start_waiting(self, ended: list[tuple[JobRuntime, Slot, JobState | None]]) -> None:
         """The runs that slots waited for ended (or lapsed, with ``cancel_other``): claim

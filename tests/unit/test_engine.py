@@ -332,6 +332,37 @@ def test_a_slot_won_after_the_preferred_instance_skipped_it_is_backed_up_by_that
     ]
 
 
+def test_a_slot_won_after_a_backup_skipped_it_is_taken_over_by_that_backup() -> None:
+    """The same with the run of slot 10 another instance's: the preferred instance of
+    slot 20 backs that run up, and its claim of slot 20 finds it going (skipped); the
+    run ends, and its own instance, which waited, wins slot 20, then crashes. The check
+    before the next claim finds slot 20's run where the run it backed up was: it backs
+    that run up and takes it over, rather than dropping the check and superseding it."""
+    slot_20 = int((START + 20) * 1000)
+    p, q = next(
+        (p, q)
+        for p, q in itertools.permutations("abcdefgh", 2)
+        if _preferred_at((p, q), slot_20) == p
+    )
+    cluster = Cluster()
+    cluster.add(q, every(cluster, 10, 10.3), lease=3, jitter=0, watch=20)
+    cluster.run(1)
+    cluster.add(p, every(cluster, 10, 10.3), lease=3, jitter=0, watch=20)
+    # Slot 10: q's claim goes first (p knew no peer when it placed it), q runs it to 20.3.
+    # Slot 20: p's claim finds q's run going; q's, after its wait for p, wins.
+    cluster.run(20.5)
+    assert [(s.slot_id, s.instance) for s in cluster.spans] == [
+        (slot_id("job", _dt(START + 10)), q),
+        (slot_id("job", _dt(START + 20)), q),
+    ]
+    cluster.kill(q)
+    cluster.run(12)
+    assert [(s.slot_id, s.instance, s.attempt) for s in cluster.spans[1:]] == [
+        (slot_id("job", _dt(START + 20)), q, 1),
+        (slot_id("job", _dt(START + 20)), p, 2),
+    ]
+
+
 class FlakyStore(MemoryStore):
     """A memory store that can be switched off, as a server outage."""
 
