@@ -301,58 +301,34 @@ def _preferred_at(names: tuple[str, str], ms: int) -> str:
     return max(names, key=lambda name: slot_rank(rank(name, "job"), ms))
 
 
-def test_a_slot_won_after_the_preferred_instance_skipped_it_is_backed_up_by_that_instance() -> None:
-    """The preferred instance of slot 20 claims it while its own run of slot 10 still
-    holds the lease (skipped: an overlap); that run ends a moment later, and the other
-    instance, which waited for it, wins slot 20, then crashes. The preferred instance
-    never saw that run, yet must back it up: its claim of slot 30 would otherwise
-    supersede the lapsed run, never retried."""
+@pytest.mark.parametrize("slot_10_run_by", ["itself", "another"])
+def test_a_slot_won_after_the_preferred_instance_skipped_it_is_taken_over_not_superseded(
+    slot_10_run_by: str,
+) -> None:
+    """The preferred instance of slot 20 claims it while the run of slot 10 (its own, or
+    another instance's that it backs up) still holds the lease: skipped, an overlap.
+    That run ends a moment later, and the other instance, which waited for the preferred
+    one, wins slot 20, then crashes. The preferred instance never saw that run, yet
+    takes it over before its claim of slot 30, which would otherwise supersede it: the
+    skipped slot is watched, and a check that finds a newer slot's run where the run it
+    watched was backs that run up."""
     slot_20 = int((START + 20) * 1000)
     p, q = next(
         (p, q)
         for p, q in itertools.permutations("abcdefgh", 2)
         if _preferred_at((p, q), slot_20) == p
     )
+    first, second = (p, q) if slot_10_run_by == "itself" else (q, p)
     cluster = Cluster()
-    cluster.add(p, every(cluster, 10, 10.3), lease=3, jitter=0, watch=20)
+    cluster.add(first, every(cluster, 10, 10.3), lease=3, jitter=0, watch=20)
     cluster.run(1)
-    cluster.add(q, every(cluster, 10, 10.3), lease=3, jitter=0, watch=20)
-    # Slot 10: p's claim goes first (q knew no peer when it placed it), p runs it to 20.3.
-    # Slot 20: p's claim finds its own run going; q's, after its wait for p, wins.
+    cluster.add(second, every(cluster, 10, 10.3), lease=3, jitter=0, watch=20)
+    # Slot 10: the first instance's claim goes first (the second knew no peer when it
+    # placed it), and runs to 20.3. Slot 20: p's claim finds that run going; q's, after
+    # its wait for p, wins.
     cluster.run(20.5)
     assert [(s.slot_id, s.instance) for s in cluster.spans] == [
-        (slot_id("job", _dt(START + 10)), p),
-        (slot_id("job", _dt(START + 20)), q),
-    ]
-    cluster.kill(q)
-    cluster.run(12)
-    assert [(s.slot_id, s.instance, s.attempt) for s in cluster.spans[1:]] == [
-        (slot_id("job", _dt(START + 20)), q, 1),
-        (slot_id("job", _dt(START + 20)), p, 2),
-    ]
-
-
-def test_a_slot_won_after_a_backup_skipped_it_is_taken_over_by_that_backup() -> None:
-    """The same with the run of slot 10 another instance's: the preferred instance of
-    slot 20 backs that run up, and its claim of slot 20 finds it going (skipped); the
-    run ends, and its own instance, which waited, wins slot 20, then crashes. The check
-    before the next claim finds slot 20's run where the run it backed up was: it backs
-    that run up and takes it over, rather than dropping the check and superseding it."""
-    slot_20 = int((START + 20) * 1000)
-    p, q = next(
-        (p, q)
-        for p, q in itertools.permutations("abcdefgh", 2)
-        if _preferred_at((p, q), slot_20) == p
-    )
-    cluster = Cluster()
-    cluster.add(q, every(cluster, 10, 10.3), lease=3, jitter=0, watch=20)
-    cluster.run(1)
-    cluster.add(p, every(cluster, 10, 10.3), lease=3, jitter=0, watch=20)
-    # Slot 10: q's claim goes first (p knew no peer when it placed it), q runs it to 20.3.
-    # Slot 20: p's claim finds q's run going; q's, after its wait for p, wins.
-    cluster.run(20.5)
-    assert [(s.slot_id, s.instance) for s in cluster.spans] == [
-        (slot_id("job", _dt(START + 10)), q),
+        (slot_id("job", _dt(START + 10)), first),
         (slot_id("job", _dt(START + 20)), q),
     ]
     cluster.kill(q)
