@@ -42,51 +42,60 @@ class Backups:
         self._answers = answers
         self._waits_for_request = waits_for_request or (lambda rt, slot_ms: False)
 
-    def check(self, now_mono: float, due: list[JobRuntime], pacer: Pacer) -> set[str]:
+    def check(self, now_mono: float, due: list[JobRuntime], pacer: Pacer) -> dict[str, float]:
         """Check the leases of the slots this instance backs up, a chunk per read.
 
         Those due for a check, and those of the jobs ``due`` to be claimed (a
         released older slot must not be superseded unseen). The checks the
         step's budget leaves are made at the next step (see :mod:`.pacing`).
 
-        Returns the names of the jobs ``due`` whose run backed up is **unsettled**:
-        its record could not be read, or its takeover was refused, or its check
-        was left to the next step. Their claims must wait: one sent now could
-        supersede that run, lapsed, without its takeover.
+        Returns the jobs ``due`` whose run backed up is **unsettled**, each with
+        how long its claim waits: :data:`~.claims.CLAIM_RETRY` when its record
+        could not be read or its takeover was refused, 0 (the next step) when its
+        check was left to the next step. A claim sent now could supersede that
+        run, lapsed, without its takeover.
         """
         table = self._ctx.table
         checked = table.checks_due(now_mono)
         seen = {rt.job.name for rt in checked}
         checked += [rt for rt in due if rt.backup is not None and rt.job.name not in seen]
         if not checked:
-            return set()
+            return {}
         due_now = {rt.job.name for rt in due}
-        # Settled as each check comes to a verdict (a takeover: once answered).
-        unsettled = {rt.job.name for rt in checked if rt.job.name in due_now}
+        # Each check of a job due settles it once it comes to a verdict (a takeover:
+        # once answered); one made and not settled waits CLAIM_RETRY.
+        unsettled = {rt.job.name: 0.0 for rt in checked if rt.job.name in due_now}
         try:
             for chunk in pacer.chunks("backups", checked):
-                self._verdicts(chunk, due_now, unsettled)
+                made = {rt.job.name for rt in chunk}
+                refused = self._verdicts(chunk, due_now)
+                for name in made & unsettled.keys():
+                    if name in refused:
+                        unsettled[name] = CLAIM_RETRY
+                    else:
+                        del unsettled[name]
         finally:
             table.checks_moved(checked)
         return unsettled
 
-    def _verdicts(self, checked: list[JobRuntime], due: set[str], unsettled: set[str]) -> None:
+    def _verdicts(self, checked: list[JobRuntime], due: set[str]) -> set[str]:
         """Read the records ``checked`` back up, act on each verdict: the lapsed ones are
         taken over in one batch; the claim of a job ``due`` whose run is about to lapse
-        waits for the lapse (:meth:`~anarchon_core.roles.Backup.hold`). A job whose
-        record was read, and whose run needs no takeover, leaves ``unsettled``."""
+        waits for the lapse (:meth:`~anarchon_core.roles.Backup.hold`). Returns the
+        jobs whose record could not be read, or whose takeover was refused."""
         now_mono = self._ctx.clock.monotonic()
         gateway = self._ctx.gateway
         states = gateway.per_job(checked, checked, gateway.states)
         lapsed: list[tuple[JobRuntime, JobState]] = []
         ended: list[tuple[JobRuntime, Slot, JobState | None]] = []
+        refused: set[str] = set()
         for rt, record in zip(checked, states, strict=True):
             backup = rt.backup
             if backup is None:  # removed
-                unsettled.discard(rt.job.name)
                 continue
             if isinstance(record, Exception):  # refused: read again after a pause
                 backup.retry(now_mono, rt.options, CLAIM_RETRY)
+                refused.add(rt.job.name)
                 continue
             if record is not None and self._newer_run(rt, backup.slot, record):
                 # A newer slot's run where the run backed up was: this instance may never
@@ -125,16 +134,16 @@ class Backups:
                 assert record is not None
                 backup.retry(now_mono, rt.options, CLAIM_RETRY)  # should it not happen now
                 lapsed.append((rt, record))
-            if verdict is not Verdict.TAKE_OVER:
-                unsettled.discard(rt.job.name)
             if rt.waiting and rt.backup is None:
                 ended.append((rt, backup.slot, record))
             if rt.removed and rt.backup is None:
                 self._ctx.table.forget(rt)  # a job removed while it watched this run
         if lapsed:
-            unsettled.difference_update(self._take_over(lapsed))
+            answered = self._take_over(lapsed)
+            refused.update(rt.job.name for rt, _ in lapsed if rt.job.name not in answered)
         if ended:
             self._start_waiting(ended)
+        return refused
 
     @staticmethod
     def _newer_run(rt: JobRuntime, backed_up: Slot, record: JobState) -> bool:

@@ -567,17 +567,20 @@ class Claims:
         """The jobs whose claim is due, taken out of the agenda (see :meth:`claim`)."""
         return self._ctx.table.claims_due(self._ctx.clock.time())
 
-    def hold_back(self, due: list[JobRuntime], jobs: set[str]) -> list[JobRuntime]:
-        """Of ``due``, those to claim now: the claims of ``jobs`` (whose run backed up was
-        not settled: see :meth:`.backups.Backups.check`) wait :data:`CLAIM_RETRY`, as a
-        claim refused does, and go after the next check of that run."""
+    def hold_back(self, due: list[JobRuntime], waits: dict[str, float]) -> list[JobRuntime]:
+        """Of ``due``, those to claim now. The claims of the jobs of ``waits`` (whose run
+        backed up is not settled: see :meth:`.backups.Backups.check`) go after the next
+        check of that run: each waits its seconds (a check refused: :data:`CLAIM_RETRY`,
+        as a claim refused does, within its catch-up window), or none (a check left to
+        the next step: claimed then)."""
         now = self._ctx.clock.time()
         claimed = []
         for rt in due:
-            if rt.job.name in jobs:
-                rt.claim_at = now + CLAIM_RETRY  # within its catch-up window
-            else:
+            wait = waits.get(rt.job.name)
+            if wait is None:
                 claimed.append(rt)
+            elif wait:
+                rt.claim_at = now + wait
         return claimed
 
     def claim(self, due: list[JobRuntime], pacer: Pacer) -> None:
