@@ -153,6 +153,8 @@ class Answers:
                 emit(EventKind.OVERLAP, slot=slot, detail=self._overlap_detail(rt, slot, holder))
             if holder is not None and rt.backup is None and rt.runner is None:
                 self.back_up(rt, holder)
+            elif holder is not None and rt.backup is None and not rt.backs_up(holder):
+                self._watch_skipped(rt, slot)
         elif claim.status is ClaimStatus.PAUSED:
             emit(EventKind.PAUSED, slot=slot)
             # A slot that started before the pause goes on, backed up as any run.
@@ -391,6 +393,15 @@ class Answers:
         else:
             rt.backup = Backup.at_once(slot, record.token, now_mono)
 
+    def _watch_skipped(self, rt: JobRuntime, slot: Slot) -> None:
+        """``slot`` was skipped for this instance's own run, which may end before the
+        other instances, waiting for this one, claim the slot: one of them may then win
+        it, unseen here. Its record is read before this job's next claim (a backup of
+        the slot, checked then or after ``watch``): a run of it is backed up as any, and
+        taken over if its lease lapsed, rather than superseded by that claim."""
+        if self._ctx.gateway.leases is not None and rt.runs_watched and rt.overlap is Overlap.SKIP:
+            rt.backup = Backup(slot, 0, self._ctx.clock.monotonic() + rt.options.watch)
+
     def back_up(self, rt: JobRuntime, holder: JobState) -> None:
         """Become the backup of ``holder``'s run, if the store keeps leases and it needs one."""
         if self._ctx.gateway.leases is not None and rt.runs_watched and rt.backs_up(holder):
@@ -555,6 +566,22 @@ class Claims:
     def due(self) -> list[JobRuntime]:
         """The jobs whose claim is due, taken out of the agenda (see :meth:`claim`)."""
         return self._ctx.table.claims_due(self._ctx.clock.time())
+
+    def hold_back(self, due: list[JobRuntime], waits: dict[str, float]) -> list[JobRuntime]:
+        """Of ``due``, those to claim now. The claims of the jobs of ``waits`` (whose run
+        backed up is not settled: see :meth:`.backups.Backups.check`) go after the next
+        check of that run: each waits its seconds (a check refused: :data:`CLAIM_RETRY`,
+        as a claim refused does, within its catch-up window), or none (a check left to
+        the next step: claimed then)."""
+        now = self._ctx.clock.time()
+        claimed = []
+        for rt in due:
+            wait = waits.get(rt.job.name)
+            if wait is None:
+                claimed.append(rt)
+            elif wait:
+                rt.claim_at = now + wait
+        return claimed
 
     def claim(self, due: list[JobRuntime], pacer: Pacer) -> None:
         """Claim the slots ``due``, a chunk per batch, and act on the answers.

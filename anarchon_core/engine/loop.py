@@ -145,9 +145,11 @@ class Loop:
                 self._deferred = True
                 return
             # Backups before claims: a job's older slot, handed over or lapsed, is
-            # taken over before its next slot's claim could supersede it.
-            self._backups.check(now_mono, due, pacer)
-            self._claims.claim(due, pacer)
+            # taken over before its next slot's claim could supersede it. A job whose
+            # run backed up could not be checked or taken over is claimed later.
+            unsettled = self._backups.check(now_mono, due, pacer)
+            claimed = self._claims.hold_back(due, unsettled) if unsettled else due
+            self._claims.claim(claimed, pacer)
         finally:
             # Taken out of the agenda: back in at their time now, whatever happened
             # (those not claimed yet are due again at once).

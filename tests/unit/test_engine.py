@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import pytest
 
 from anarchon_core import RunState, Scheduler, StoreUnavailable, slot_id
-from anarchon_core.store import Claim, ClaimRequest
+from anarchon_core.peers import rank, slot_rank
+from anarchon_core.store import Claim, ClaimRequest, JobState
 from anarchon_core.stores.memory import MemoryStore
 from tests.sim import START, Cluster, Span
 
@@ -247,6 +248,97 @@ def test_a_claim_sent_as_the_run_it_backs_up_lapses_waits_and_the_run_is_taken_o
     assert [e.slot_id for e in cluster.kinds("overlap")] == [slot_id("job", _dt(START + 10))]
 
 
+class ReadsRefused(MemoryStore):
+    """One instance's view of the shared store, whose reads of records are refused by the
+    server (an error that is not an outage) ``times`` times in a row from ``after`` on."""
+
+    def __init__(self, inner: MemoryStore, cluster: Cluster, after: float, times: int) -> None:
+        super().__init__(clock=cluster.clock, namespace=inner.namespace)
+        self.inner, self.cluster, self.after, self.times = inner, cluster, after, times
+
+    def __getattribute__(self, name: str) -> object:
+        if name in ("states", "inner", "cluster", "after", "times", "__class__", "__dict__"):
+            return super().__getattribute__(name)
+        return getattr(super().__getattribute__("inner"), name)
+
+    def states(self, jobs: Iterable[str]) -> dict[str, JobState]:
+        if self.times and self.cluster.clock.time() >= self.after:
+            self.times -= 1
+            raise ReadRefused("READONLY You can't write against a read only replica.")
+        return self.inner.states(jobs)
+
+
+class ReadRefused(Exception):
+    """A server's refusal of a call (not an outage, not a bug)."""
+
+
+@pytest.mark.parametrize("refusals", [1, 2, 4])
+def test_a_lapsed_run_whose_check_failed_is_not_superseded_by_the_next_claim(
+    refusals: int,
+) -> None:
+    """The check before the next slot's claim cannot read the lapsed run's record (the
+    server refuses, again and again): the claim waits for a check that reads it, and the
+    run is taken over; a claim sent without it would supersede the run, never retried."""
+    cluster = Cluster()
+    cluster.add("a", every(cluster, 5, 40), lease=3, jitter=0, watch=20)
+    cluster.run(5.5)
+    first = cluster.spans[0]
+    shared = cluster.store
+    cluster.store = ReadsRefused(shared, cluster, after=START + 10, times=refusals)
+    cluster.add("b", every(cluster, 5, 40), lease=3, jitter=0, watch=20)
+    cluster.store = shared
+    cluster.run(0.5)  # b backs a's run up
+    cluster.kill("a")
+    cluster.run(15)  # each refusal holds the claim back 2 s (CLAIM_RETRY)
+    assert [(s.slot_id, s.instance, s.attempt) for s in cluster.spans[:2]] == [
+        (first.slot_id, "a", 1),
+        (first.slot_id, "b", 2),
+    ]
+
+
+def _preferred_at(names: tuple[str, str], ms: int) -> str:
+    """Which of ``names`` claims job ``job``'s slot ``ms`` first (anarchon_core.peers)."""
+    return max(names, key=lambda name: slot_rank(rank(name, "job"), ms))
+
+
+@pytest.mark.parametrize("slot_10_run_by", ["itself", "another"])
+def test_a_slot_won_after_the_preferred_instance_skipped_it_is_taken_over_not_superseded(
+    slot_10_run_by: str,
+) -> None:
+    """The preferred instance of slot 20 claims it while the run of slot 10 (its own, or
+    another instance's that it backs up) still holds the lease: skipped, an overlap.
+    That run ends a moment later, and the other instance, which waited for the preferred
+    one, wins slot 20, then crashes. The preferred instance never saw that run, yet
+    takes it over before its claim of slot 30, which would otherwise supersede it: the
+    skipped slot is watched, and a check that finds a newer slot's run where the run it
+    watched was backs that run up."""
+    slot_20 = int((START + 20) * 1000)
+    p, q = next(
+        (p, q)
+        for p, q in itertools.permutations("abcdefgh", 2)
+        if _preferred_at((p, q), slot_20) == p
+    )
+    first, second = (p, q) if slot_10_run_by == "itself" else (q, p)
+    cluster = Cluster()
+    cluster.add(first, every(cluster, 10, 10.3), lease=3, jitter=0, watch=20)
+    cluster.run(1)
+    cluster.add(second, every(cluster, 10, 10.3), lease=3, jitter=0, watch=20)
+    # Slot 10: the first instance's claim goes first (the second knew no peer when it
+    # placed it), and runs to 20.3. Slot 20: p's claim finds that run going; q's, after
+    # its wait for p, wins.
+    cluster.run(20.5)
+    assert [(s.slot_id, s.instance) for s in cluster.spans] == [
+        (slot_id("job", _dt(START + 10)), first),
+        (slot_id("job", _dt(START + 20)), q),
+    ]
+    cluster.kill(q)
+    cluster.run(12)
+    assert [(s.slot_id, s.instance, s.attempt) for s in cluster.spans[1:]] == [
+        (slot_id("job", _dt(START + 20)), q, 1),
+        (slot_id("job", _dt(START + 20)), p, 2),
+    ]
+
+
 class FlakyStore(MemoryStore):
     """A memory store that can be switched off, as a server outage."""
 
@@ -275,7 +367,7 @@ def test_store_outage_is_survived_without_duplicates_and_the_runner_gives_up() -
     assert all(s.stats.get("store_unavailable") == 1 for s in cluster.live.values())
     assert len(cluster.spans) == 1  # nothing ran that could not be claimed
     store.down = False
-    cluster.run(20)
+    cluster.run(20.5)
     assert all(s.stats.get("store_recovered") == 1 for s in cluster.live.values())
     slots = cluster.slots("job")
     # The run lost during the outage is taken over once, as attempt 2.
